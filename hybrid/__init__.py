@@ -1,0 +1,50 @@
+"""hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
+
+from hybrid.errors import (
+    ContextError,
+    EngineUnavailable,
+    ExecTimeout,
+    ExecutionError,
+    HybridError,
+    InvalidDiff,
+    InvalidInput,
+    InvalidPattern,
+    ModuleError,
+    OutOfFuel,
+    OutOfMemory,
+    PolicyError,
+    PolicyViolation,
+    WorkstationError,
+    WorkstationNotFound,
+)
+from hybrid.policy import Budget, Environment, Mount, NetworkPolicy, SandboxSpec, admit, enforce
+from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
+
+__all__ = [
+    "Budget",
+    "ContextError",
+    "EngineUnavailable",
+    "Environment",
+    "ExecTimeout",
+    "ExecutionError",
+    "ExecutionResult",
+    "HybridError",
+    "InvalidDiff",
+    "InvalidInput",
+    "InvalidPattern",
+    "ModuleError",
+    "Mount",
+    "NetworkPolicy",
+    "OutOfFuel",
+    "OutOfMemory",
+    "PolicyError",
+    "PolicyViolation",
+    "SandboxSpec",
+    "Termination",
+    "TestOutcome",
+    "Usage",
+    "WorkstationError",
+    "WorkstationNotFound",
+    "admit",
+    "enforce",
+]

@@ -1,0 +1,70 @@
+"""The ``hybrid`` command line: a thin layer over the library.
+
+Command groups load lazily, so ``hybrid --help`` and a WebAssembly check never import the
+Docker SDK or tree-sitter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from hybrid.errors import HybridError
+
+# name -> (module, attribute, one-line help). Add a line here to add a command.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "policy": ("hybrid.cli.policy", "policy", "Check and write sandbox policies (SandboxSpec TOML)."),
+    "wasm": ("hybrid.cli.wasm", "wasm", "Run WASI modules in the embedded WebAssembly tier."),
+    "check": ("hybrid.cli.check", "check", "Built-in checks (csv, json, grep, redact, scope) in WebAssembly."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module, attr, _ = entry
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hybrid")
+def cli() -> None:
+    """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: every HybridError becomes one line on stderr and its exit code."""
+    try:
+        cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
+    except HybridError as exc:
+        click.echo(f"hybrid: error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("hybrid: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("hybrid: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(141)
+    sys.exit(0)

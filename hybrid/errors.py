@@ -1,0 +1,132 @@
+"""One error family for the whole toolkit.
+
+Every error a user can act on is a ``HybridError`` and carries the CLI exit code it maps to::
+
+    HybridError (1)
+    ├── InvalidInput (2)               bad input from the user: fix the input and retry
+    │   ├── PolicyError                a policy file that does not parse or validate
+    │   ├── ModuleError                a file that is not a WebAssembly module
+    │   ├── InvalidPattern             a regular expression that does not compile
+    │   └── InvalidDiff                a unified diff that does not parse
+    ├── PolicyViolation (3)            admit() refused a spec; .violations lists every reason
+    ├── ExecutionError (4)             a run ended abnormally (raised by ExecutionResult.raise_for_termination)
+    │   ├── ExecTimeout                also a TimeoutError
+    │   ├── OutOfFuel
+    │   └── OutOfMemory                also a MemoryError
+    ├── EngineUnavailable (5)          a tier's engine (Docker, gVisor, a toolchain) is missing here
+    ├── WorkstationError (6)           a workstation operation failed
+    │   └── WorkstationNotFound        also a LookupError
+    └── ContextError (7)               repo map / context pack could not be built
+
+Foreign errors (wasmtime traps, docker.errors.*) are translated at the tier boundary,
+never in callers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class HybridError(Exception):
+    """Root of every error this toolkit raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(HybridError):
+    """The input (a file, an option, a request) is malformed; the message says what to fix."""
+
+    exit_code = 2
+
+
+class PolicyError(InvalidInput):
+    """A sandbox policy file is malformed or has invalid values."""
+
+
+class ModuleError(InvalidInput):
+    """A file is not a WebAssembly module (binary or text) that this runtime can load."""
+
+
+class InvalidPattern(InvalidInput):
+    """A regular expression does not compile."""
+
+
+class InvalidDiff(InvalidInput):
+    """A unified diff does not parse."""
+
+
+class PolicyViolation(HybridError):
+    """A spec asks for something the policy does not allow; ``violations`` lists every reason."""
+
+    exit_code = 3
+
+    def __init__(self, violations: Sequence[str]) -> None:
+        self.violations = list(violations)
+        super().__init__("policy refused: " + "; ".join(self.violations))
+
+
+class ExecutionError(HybridError):
+    """A run ended abnormally; ``result`` is the full ExecutionResult when there is one."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, result: object | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class ExecTimeout(ExecutionError, TimeoutError):
+    """The run hit its wall-clock deadline."""
+
+
+class OutOfFuel(ExecutionError):
+    """The run used up its fuel (instruction) budget."""
+
+
+class OutOfMemory(ExecutionError, MemoryError):
+    """The run hit its memory cap."""
+
+
+class EngineUnavailable(HybridError):
+    """A tier's engine is not usable on this host; the message says how to enable it."""
+
+    exit_code = 5
+
+
+class WorkstationError(HybridError):
+    """A workstation operation failed."""
+
+    exit_code = 6
+
+
+class WorkstationNotFound(WorkstationError, LookupError):
+    """No workstation, snapshot or file by that name."""
+
+
+class ContextError(HybridError):
+    """A repo map, skeleton or context pack could not be built."""
+
+    exit_code = 7
+
+
+__all__ = [
+    "ContextError",
+    "EngineUnavailable",
+    "ExecTimeout",
+    "ExecutionError",
+    "HybridError",
+    "InvalidDiff",
+    "InvalidInput",
+    "InvalidPattern",
+    "ModuleError",
+    "OutOfFuel",
+    "OutOfMemory",
+    "PolicyError",
+    "PolicyViolation",
+    "WorkstationError",
+    "WorkstationNotFound",
+]

@@ -1,0 +1,118 @@
+"""Compiled-module cache: memory first, then disk, keyed by content hash, wasmtime version and engine config.
+
+Compiling a module costs 50 ms to seconds; deserializing a cached one costs well under a millisecond.
+Entries are written atomically (temp file + rename), so concurrent processes never read half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import wasmtime
+from wasmtime.component import Component
+
+from hybrid.errors import ModuleError
+from hybrid.paths import cache_dir
+from hybrid.wasm import engine as _engine
+
+Kind = Literal["module", "component"]
+T = TypeVar("T", wasmtime.Module, Component)
+
+
+class CompiledCache:
+    """Thread-safe cache of compiled modules and components for the shared Engine."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self._directory = directory
+        self._memory: dict[str, wasmtime.Module | Component] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    @property
+    def directory(self) -> Path:
+        if self._directory is None:
+            self._directory = cache_dir("wasm", _engine.fingerprint())
+        return self._directory
+
+    def key(self, data: bytes) -> str:
+        """Cache key: content hash plus the engine fingerprint."""
+        digest = hashlib.sha256(data)
+        digest.update(_engine.fingerprint().encode())
+        return digest.hexdigest()
+
+    def module(self, data: bytes, name: str = "module") -> wasmtime.Module:
+        """A compiled core module for ``data`` (binary or WAT text)."""
+        return self._get(data, name, "module", wasmtime.Module)
+
+    def component(self, data: bytes, name: str = "component") -> Component:
+        """A compiled component for ``data`` (a component binary)."""
+        return self._get(data, name, "component", Component)
+
+    def _get(self, data: bytes, name: str, kind: Kind, cls: type[T]) -> T:
+        key = self.key(data)
+        cached = self._memory.get(key)
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            cached = self._memory.get(key)
+            if cached is None:
+                cached = self._load_or_compile(key, data, name, kind, cls)
+                self._memory[key] = cached
+        return cached  # type: ignore[return-value]
+
+    def _load_or_compile(self, key: str, data: bytes, name: str, kind: Kind, cls: type[T]) -> T:
+        eng = _engine.engine()
+        path = self.directory / f"{key}.{kind}"
+        if path.exists():
+            try:
+                return cls.deserialize_file(eng, str(path))
+            except wasmtime.WasmtimeError:
+                path.unlink(missing_ok=True)  # stale or corrupt: recompile below
+        compiled = _compile(eng, data, name, kind, cls)
+        _write_atomic(path, compiled.serialize())
+        return compiled
+
+    def clear_memory(self) -> None:
+        """Forget in-memory entries (the disk cache stays); used to measure cold loads."""
+        with self._guard:
+            self._memory.clear()
+
+
+def _compile(eng: wasmtime.Engine, data: bytes, name: str, kind: Kind, cls: Callable[[wasmtime.Engine, bytes], T]) -> T:
+    if kind == "module" and not data.startswith(b"\0asm"):
+        try:
+            data = wasmtime.wat2wasm(data.decode("utf-8"))
+        except (UnicodeDecodeError, wasmtime.WasmtimeError) as exc:
+            raise ModuleError(f"{name}: not a WebAssembly module (neither binary nor valid WAT): {_first_line(exc)}") from None
+    try:
+        return cls(eng, data)
+    except wasmtime.WasmtimeError as exc:
+        raise ModuleError(f"{name}: not a valid WebAssembly {kind}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+CACHE = CompiledCache()
+"""The process-wide cache."""

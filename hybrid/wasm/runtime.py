@@ -1,0 +1,203 @@
+"""Run a WASI command module under a SandboxSpec: fuel, memory cap, epoch deadline, bounded output.
+
+Each run gets a fresh Store (no state survives between runs), a private run directory holding
+its stdin file and a writable scratch directory preopened at the spec's workspace, and explicit
+preopens for the spec's mounts. The run directory is deleted on every path.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import wasmtime
+
+from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
+from hybrid.policy import SandboxSpec, admit
+from hybrid.results import ExecutionResult, Termination, Usage
+from hybrid.wasm import engine as _engine
+from hybrid.wasm.cache import CACHE
+from hybrid.wasm.pipes import OutputPipe
+
+_DEFAULT_SPEC = SandboxSpec(tier="wasm")
+_PAGE = 65536
+# Messages a guest prints when its allocator is refused more memory by the store limit.
+_OOM_MARKERS = ("memory allocation of", "MemoryError", "out of memory", "Cannot allocate memory")
+
+
+_local = threading.local()
+
+
+def _linker() -> wasmtime.Linker:
+    # One Linker per thread: cheap to keep, and never shared across concurrent instantiations.
+    linker = getattr(_local, "linker", None)
+    if linker is None:
+        linker = wasmtime.Linker(_engine.engine())
+        linker.define_wasi()
+        _local.linker = linker
+    return linker
+
+
+def load_module(module: str | Path | bytes | wasmtime.Module) -> wasmtime.Module:
+    """Compile (or fetch from the cache) a module given as a path, bytes or a Module."""
+    if isinstance(module, wasmtime.Module):
+        return module
+    if isinstance(module, bytes):
+        return CACHE.module(module)
+    path = Path(module)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ModuleError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ModuleError(f"{path}: is a directory, not a module") from None
+    except OSError as exc:
+        raise ModuleError(f"{path}: cannot read: {exc.strerror}") from None
+    return CACHE.module(data, name=str(path))
+
+
+def run(
+    module: str | Path | bytes | wasmtime.Module,
+    args: Sequence[str] = (),
+    *,
+    stdin: bytes | str | Path | None = None,
+    spec: SandboxSpec | None = None,
+    program: str = "module",
+) -> ExecutionResult:
+    """Run a WASI command module's ``_start`` under ``spec`` and return how it ended.
+
+    ``stdin`` is bytes (or text) to feed, or a Path to a host file to read from.
+    Raises PolicyViolation if the spec is not admissible on the wasm tier and ModuleError
+    if the module does not load; every other outcome is a typed ExecutionResult.
+    """
+    spec = spec or _DEFAULT_SPEC
+    if spec is not _DEFAULT_SPEC:
+        violations = admit(spec, "wasm")
+        if violations:
+            raise PolicyViolation(violations)
+    compiled = load_module(module)
+    budget = spec.budget
+    run_dir = Path(tempfile.mkdtemp(prefix="hybrid-run-"))
+    pipes: tuple[OutputPipe, ...] = ()
+    try:
+        wasi = wasmtime.WasiConfig()
+        wasi.argv = [program, *args]
+        wasi.env = sorted(spec.env.resolve().items())
+        if stdin is not None:
+            if isinstance(stdin, Path):
+                if not stdin.is_file():
+                    raise InvalidInput(f"{stdin}: no such stdin file")
+                wasi.stdin_file = str(stdin)
+            else:
+                stdin_path = run_dir / "stdin"
+                stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
+                wasi.stdin_file = str(stdin_path)
+        out = OutputPipe(run_dir / "stdout", budget.output_bytes)
+        err = OutputPipe(run_dir / "stderr", budget.output_bytes)
+        wasi.stdout_file = str(out.path)
+        wasi.stderr_file = str(err.path)
+        pipes = (out, err)
+        scratch = run_dir / "workspace"
+        scratch.mkdir()
+        wasi.preopen_dir(str(scratch), spec.workspace, True)
+        for mount in spec.mounts:
+            source = mount.source.expanduser()
+            if not source.is_dir():
+                raise InvalidInput(f"{source}: not a directory (the wasm tier grants directories only)")
+            wasi.preopen_dir(str(source), mount.target, mount.mode == "rw")
+
+        for pipe in pipes:
+            pipe.start()
+        store = wasmtime.Store(_engine.engine())
+        store.set_fuel(budget.fuel)
+        store.set_limits(memory_size=budget.memory)
+        store.set_epoch_deadline(_engine.deadline_ticks(budget.wall_seconds))
+        store.set_wasi(wasi)
+
+        exit_code: int | None = None
+        termination = Termination.OK
+        detail = ""
+        memory_bytes: int | None = None
+        start = time.perf_counter()
+        try:
+            instance = _linker().instantiate(store, compiled)
+            exports = instance.exports(store)
+            entry = exports.get("_start")
+            if not isinstance(entry, wasmtime.Func):
+                raise ModuleError(f"{program}: not a WASI command module (no _start export)")
+            try:
+                entry(store)
+                exit_code = 0
+            finally:
+                memory = exports.get("memory")
+                if isinstance(memory, wasmtime.Memory):
+                    memory_bytes = memory.size(store) * _PAGE
+        except wasmtime.ExitTrap as exc:
+            exit_code = exc.code
+            if exit_code != 0:
+                termination, detail = Termination.NONZERO_EXIT, f"exit status {exit_code}"
+        except wasmtime.Trap as exc:
+            termination, detail = _classify_trap(exc)
+        except wasmtime.WasmtimeError as exc:
+            termination, detail = _classify_error(exc)
+        wall_ms = (time.perf_counter() - start) * 1000
+        fuel_used: int | None = budget.fuel - store.get_fuel()
+        store.close()  # closes the guest's ends of the pipes, so draining sees EOF
+        stdout, stdout_cut = out.finish()
+        stderr_bytes, stderr_cut = err.finish()
+        stderr = stderr_bytes.decode("utf-8", errors="replace")
+        if termination is Termination.TIMEOUT and fuel_used == 0:
+            fuel_used = None  # an interrupt inside pure wasm code does not write the fuel counter back
+        if termination in (Termination.NONZERO_EXIT, Termination.TRAP, Termination.ERROR) and (
+            any(marker in stderr for marker in _OOM_MARKERS)
+            or (memory_bytes is not None and memory_bytes + 16 * _PAGE >= budget.memory)
+        ):
+            termination, detail = Termination.OUT_OF_MEMORY, f"memory cap of {budget.memory} bytes reached"
+        if stdout_cut or stderr_cut:
+            termination, detail = Termination.OUTPUT_LIMIT, f"output over {budget.output_bytes} bytes was cut"
+        return ExecutionResult(
+            tier="wasm",
+            termination=termination,
+            exit_code=exit_code,
+            stdout=stdout.decode("utf-8", errors="replace"),
+            stderr=stderr,
+            stdout_truncated=stdout_cut,
+            stderr_truncated=stderr_cut,
+            usage=Usage(wall_ms=wall_ms, fuel_used=fuel_used, peak_memory_bytes=memory_bytes),
+            detail=detail,
+        )
+    finally:
+        for pipe in pipes:
+            pipe.finish()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _classify_trap(exc: wasmtime.Trap) -> tuple[Termination, str]:
+    code = exc.trap_code
+    if code == wasmtime.TrapCode.OUT_OF_FUEL:
+        return Termination.OUT_OF_FUEL, "fuel budget used up"
+    if code == wasmtime.TrapCode.INTERRUPT:
+        return Termination.TIMEOUT, "wall-clock deadline reached"
+    return Termination.TRAP, _first_line(exc.message)
+
+
+def _classify_error(exc: wasmtime.WasmtimeError) -> tuple[Termination, str]:
+    text = str(exc)
+    if "all fuel consumed" in text:
+        return Termination.OUT_OF_FUEL, "fuel budget used up"
+    if "interrupt" in text:
+        return Termination.TIMEOUT, "wall-clock deadline reached"
+    if "memory" in text and ("minimum" in text or "limit" in text):
+        return Termination.OUT_OF_MEMORY, _first_line(text)
+    if "wasm trap" in text or "wasm backtrace" in text:
+        return Termination.TRAP, _first_line(text)
+    return Termination.ERROR, _first_line(text)
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.splitlines()[0] if text else "unknown error"
