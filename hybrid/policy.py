@@ -38,6 +38,17 @@ def parse_size(value: int | str) -> int:
     return int(float(number) * 1024 ** _POWERS[unit.lower()])
 
 
+def human_size(n: int) -> str:
+    """A byte count for messages: exact units when they fit, else one decimal (``23.5G``)."""
+    exact = format_size(n)
+    if not exact[-1].isdigit() or n < 1024:
+        return exact
+    for unit, power in (("T", 4), ("G", 3), ("M", 2), ("K", 1)):
+        if n >= 1024**power:
+            return f"{n / 1024**power:.1f}{unit}"
+    return exact
+
+
 def format_size(n: int) -> str:
     """Format a byte count the way parse_size reads it back (``256M``)."""
     for unit, power in (("T", 4), ("G", 3), ("M", 2), ("K", 1)):
@@ -270,8 +281,9 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
     for name, value, maxima in checks:
         applicable = [m for m in maxima if m is not None]
         if applicable and value > max(applicable):
-            shown = format_size(max(applicable)) if name in ("memory", "output_bytes") else max(applicable)
-            violations.append(f"budget.{name}: {value} is above the {tier} tier's maximum of {shown}")
+            sized = name in ("memory", "output_bytes")
+            shown, top = (human_size(value), human_size(max(applicable))) if sized else (value, max(applicable))
+            violations.append(f"budget.{name}: {shown} is above the {tier} tier's maximum of {top}")
     return violations
 
 

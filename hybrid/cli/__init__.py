@@ -50,7 +50,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: every HybridError becomes one line on stderr and its exit code."""
     try:
-        cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
+        # Without standalone mode click returns the code of a click.exceptions.Exit instead of exiting.
+        code = cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
     except HybridError as exc:
         click.echo(f"hybrid: error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
@@ -67,4 +68,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(141)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -20,6 +20,7 @@ from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.wasm import engine as _engine
+from hybrid.wasm import poll
 from hybrid.wasm.cache import CACHE
 from hybrid.wasm.pipes import OutputPipe
 
@@ -38,6 +39,7 @@ def _linker() -> wasmtime.Linker:
     if linker is None:
         linker = wasmtime.Linker(_engine.engine())
         linker.define_wasi()
+        poll.install(linker)
         _local.linker = linker
     return linker
 
@@ -123,6 +125,7 @@ def run(
         detail = ""
         memory_bytes: int | None = None
         start = time.perf_counter()
+        poll.set_deadline(time.monotonic() + budget.wall_seconds)
         try:
             instance = _linker().instantiate(store, compiled)
             exports = instance.exports(store)
@@ -144,6 +147,12 @@ def run(
             termination, detail = _classify_trap(exc)
         except wasmtime.WasmtimeError as exc:
             termination, detail = _classify_error(exc)
+        except poll.DeadlineReached:
+            pass  # classified just below
+        finally:
+            poll.set_deadline(None)
+        if poll.deadline_hit():
+            termination, detail, exit_code = Termination.TIMEOUT, "wall-clock deadline reached", None
         wall_ms = (time.perf_counter() - start) * 1000
         fuel_used: int | None = budget.fuel - store.get_fuel()
         store.close()  # closes the guest's ends of the pipes, so draining sees EOF

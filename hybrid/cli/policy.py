@@ -1,0 +1,56 @@
+"""``hybrid policy``: check a SandboxSpec file, or write a starting one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from hybrid.cli._output import emit, json_option
+from hybrid.errors import InvalidInput
+from hybrid.policy import SandboxSpec, admit
+
+
+@click.group()
+def policy() -> None:
+    """Check and write sandbox policies (SandboxSpec TOML)."""
+
+
+@policy.command("check")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--tier", type=click.Choice(["wasm", "python-wasm", "docker", "gvisor"]), help="Check against this tier's limits (default: the spec's own tier).")
+@json_option
+def check(file: Path, tier: str | None, as_json: bool) -> None:
+    """Print every reason FILE's spec may not run; exit 3 if there is any."""
+    spec = SandboxSpec.from_toml(file)
+    violations = admit(spec, tier)
+    emit(
+        {"file": str(file), "admitted": not violations, "violations": violations},
+        as_json,
+        lambda: _render(file, violations),
+    )
+    if violations:
+        raise click.exceptions.Exit(3)
+
+
+def _render(file: Path, violations: list[str]) -> None:
+    if not violations:
+        click.echo(f"{file}: admitted")
+        return
+    click.echo(f"{file}: {len(violations)} violation(s)")
+    for violation in violations:
+        click.echo(f"  - {violation}")
+
+
+@policy.command("init")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--tier", type=click.Choice(["auto", "wasm", "python-wasm", "docker", "gvisor"]), default="auto")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@json_option
+def init(file: Path, tier: str, force: bool, as_json: bool) -> None:
+    """Write a spec with the defaults (no network, no host env, 30 s, 256M) to FILE."""
+    if file.exists() and not force:
+        raise InvalidInput(f"{file}: already exists (use --force to overwrite)")
+    spec = SandboxSpec.model_validate({"tier": tier})
+    file.write_text(spec.to_toml(), encoding="utf-8")
+    emit(spec, as_json, lambda: click.echo(f"wrote {file}"))
