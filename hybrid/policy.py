@@ -40,13 +40,11 @@ def parse_size(value: int | str) -> int:
 
 def human_size(n: int) -> str:
     """A byte count for messages: exact units when they fit, else one decimal (``23.5G``)."""
-    exact = format_size(n)
-    if not exact[-1].isdigit() or n < 1024:
-        return exact
     for unit, power in (("T", 4), ("G", 3), ("M", 2), ("K", 1)):
         if n >= 1024**power:
-            return f"{n / 1024**power:.1f}{unit}"
-    return exact
+            value = n / 1024**power
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return str(n)
 
 
 def format_size(n: int) -> str:

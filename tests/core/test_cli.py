@@ -1,0 +1,120 @@
+"""The CLI as a user meets it: help, --json everywhere, one clear line for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import hybrid
+from hybrid.cli import COMMANDS, cli
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+def hybrid_cmd(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hybrid", *args], capture_output=True, text=True, input=stdin, timeout=120)
+
+
+def leaf_commands(group: click.Group, ctx: click.Context, prefix: str = "") -> list[tuple[str, click.Command]]:
+    leaves = []
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
+        path = f"{prefix} {name}".strip()
+        if isinstance(command, click.Group):
+            leaves += leaf_commands(command, ctx, path)
+        if not isinstance(command, click.Group) or command.invoke_without_command:
+            leaves.append((path, command))
+    return leaves
+
+
+def test_help_lists_every_command() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name in COMMANDS:
+        assert name in result.output
+
+
+def test_every_command_has_json() -> None:
+    ctx = click.Context(cli)
+    leaves = leaf_commands(cli, ctx)
+    assert len(leaves) >= len(COMMANDS)
+    missing = [path for path, command in leaves if not any("--json" in p.opts for p in command.params)]
+    assert missing == []
+
+
+def test_public_api_matches_all() -> None:
+    exported = {name for name in dir(hybrid) if not name.startswith("_")} - {"errors", "policy", "results"}
+    modules = {name for name in exported if type(getattr(hybrid, name)).__name__ == "module"}
+    assert set(hybrid.__all__) == exported - modules
+    for name in hybrid.__all__:
+        assert getattr(hybrid, name) is not None
+
+
+def test_every_error_carries_an_exit_code() -> None:
+    for name in hybrid.__all__:
+        obj = getattr(hybrid, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, hybrid.HybridError)
+            assert obj.exit_code >= 1
+
+
+def test_wasm_run_json(tmp_path: Path) -> None:
+    result = hybrid_cmd("wasm", "run", str(DATA / "hello.wat"), "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["termination"] == "ok"
+    assert payload["stdout"] == "hello\n"
+    assert payload["tier"] == "wasm"
+
+
+def test_wasm_run_timeout_exit_code() -> None:
+    result = hybrid_cmd("wasm", "run", str(DATA / "spin.wat"), "--timeout", "0.2", "--fuel", "10000000000000")
+    assert result.returncode == 124
+    assert "timeout" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["wasm", "run", "/nonexistent.wasm"], "no such file"),
+        (["wasm", "run", str(Path(__file__))], "not a WebAssembly module"),
+        (["wasm", "run", str(DATA / "hello.wat"), "--memory", "lots"], "not a size"),
+        (["wasm", "run", str(DATA / "hello.wat"), "--dir", "/nonexistent:/x"], "not a directory"),
+        (["wasm", "run", str(DATA / "hello.wat"), "--dir", str(Path.home() / ".ssh") + ":/k"], "secret path"),
+        (["policy", "check", "/nonexistent.toml"], "no such policy file"),
+    ],
+)
+def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], message: str, tmp_path: Path) -> None:
+    (Path.home() / ".ssh").mkdir(exist_ok=True)
+    result = hybrid_cmd(*args)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_policy_check_cli(tmp_path: Path) -> None:
+    good = tmp_path / "good.toml"
+    assert hybrid_cmd("policy", "init", str(good)).returncode == 0
+    ok = hybrid_cmd("policy", "check", str(good), "--json")
+    assert ok.returncode == 0
+    assert json.loads(ok.stdout) == {"file": str(good), "admitted": True, "violations": []}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[network]\nmode = "egress"\n[[mounts]]\nsource = "/tmp"\ntarget = "/out"\nmode = "rw"\n')
+    result = hybrid_cmd("policy", "check", str(bad))
+    assert result.returncode == 3
+    assert "egress without an allow-list" in result.stdout
+    assert "writable mount outside the workspace" in result.stdout
+    malformed = tmp_path / "malformed.toml"
+    malformed.write_text("[budget]\nwall_seconds = 'soon'\n")
+    result = hybrid_cmd("policy", "check", str(malformed))
+    assert result.returncode == 2
+    assert "budget.wall_seconds" in result.stderr
