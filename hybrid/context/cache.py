@@ -1,0 +1,96 @@
+"""One SQLite file of per-file tags, keyed by content (the git blob id), plus built graphs.
+
+Content keys make the cache shareable across checkouts, worktrees and renames: a file
+whose bytes did not change is never parsed again, wherever it lives. Payloads are
+``marshal``-ed tuples (fast to load), so the key also carries the Python version.
+"""
+
+from __future__ import annotations
+
+import marshal
+import sqlite3
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hybrid.errors import ContextError
+from hybrid.paths import cache_dir
+
+SCHEMA = 3
+_VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
+_BATCH = 900  # stay under SQLite's host-parameter limit
+
+
+def default_cache_path() -> Path:
+    """``<cache dir>/context/tags.sqlite``."""
+    return cache_dir("context") / "tags.sqlite"
+
+
+class TagCache:
+    """Per-file tags by content key, and one built graph per repository root."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_cache_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS tags (key TEXT PRIMARY KEY, data BLOB) WITHOUT ROWID"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS graphs "
+                "(root TEXT PRIMARY KEY, fingerprint TEXT, data BLOB)"
+            )
+        except sqlite3.Error as exc:
+            raise ContextError(f"tag cache {self.path} is not usable: {exc}") from exc
+
+    @staticmethod
+    def key(content_id: str, lang: str) -> str:
+        """Cache key of one file: its content id, its language and the schema version."""
+        return f"{content_id}:{lang}:{_VERSION}"
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
+        """Payloads for the keys that are cached (missing keys are simply absent)."""
+        wanted = list(keys)
+        found: dict[str, Any] = {}
+        for start in range(0, len(wanted), _BATCH):
+            chunk = wanted[start : start + _BATCH]
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT key, data FROM tags WHERE key IN ({marks})", chunk)
+            for key, data in rows:
+                found[key] = marshal.loads(data)
+        return found
+
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Store already-marshalled payloads."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO tags (key, data) VALUES (?, ?)", items)
+
+    def get_graph(self, root: str, fingerprint: str) -> Any | None:
+        """The graph built for ``root`` if the repository still has this fingerprint."""
+        row = self._db.execute(
+            "SELECT data FROM graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
+        ).fetchone()
+        return marshal.loads(row[0]) if row else None
+
+    def put_graph(self, root: str, fingerprint: str, data: Any) -> None:
+        """Remember the graph built for ``root`` (one per root, replaced on change)."""
+        blob = marshal.dumps(data)
+        self._db.execute(
+            "INSERT OR REPLACE INTO graphs (root, fingerprint, data) VALUES (?, ?, ?)",
+            (root, fingerprint, blob),
+        )
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        self._db.close()
+
+    def __enter__(self) -> TagCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

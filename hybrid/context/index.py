@@ -1,0 +1,336 @@
+"""Scan a checkout and bring every source file's tags up to date, incrementally.
+
+Inside a git repository the content key of a file is its blob id from ``git ls-files -s``
+(no hashing); only files ``git status`` reports as modified or untracked are read and
+hashed. Files whose key is not cached are parsed, in parallel across cores when there are
+many, and stored. A second run on an unchanged tree parses nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybrid.context.cache import _VERSION, TagCache
+from hybrid.context.languages import language_for
+from hybrid.context.tags import FileTags, Payload, ctags_available, extract_ctags, extract_file
+from hybrid.errors import ContextError
+
+MAX_FILE_BYTES = 1_000_000
+_SKIP_DIRS = frozenset(
+    {"node_modules", "__pycache__", "venv", ".venv", "build", "dist", "target", "vendor"}
+)
+_PARALLEL_MIN = 48
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class SourceFile:
+    """One file of the checkout: POSIX path relative to the root, content id, language."""
+
+    path: str
+    content_id: str
+    lang: str
+
+
+@dataclass
+class IndexStats:
+    """What one build did."""
+
+    files: int = 0
+    parsed: int = 0
+    cached: int = 0
+    hashed: int = 0
+    workers: int = 1
+    scan_ms: float = 0.0
+    parse_ms: float = 0.0
+
+
+@dataclass
+class RepoIndex:
+    """The tags of every source file of a checkout; payloads load lazily from the cache."""
+
+    root: Path
+    files: list[SourceFile]
+    cache: TagCache
+    fingerprint: str
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    stats: IndexStats = field(default_factory=IndexStats)
+    _payloads: dict[str, Payload] = field(default_factory=dict)
+
+    def payloads(self, paths: list[str] | None = None) -> dict[str, Payload]:
+        """Payloads by path (all files when ``paths`` is None), from memory or the cache."""
+        by_path = {f.path: f for f in self.files}
+        wanted = list(by_path) if paths is None else [p for p in paths if p in by_path]
+        missing = [p for p in wanted if p not in self._payloads]
+        if missing:
+            keys = {TagCache.key(by_path[p].content_id, by_path[p].lang): p for p in missing}
+            for key, payload in self.cache.get_many(keys).items():
+                self._payloads[keys[key]] = payload
+        return {p: self._payloads[p] for p in wanted if p in self._payloads}
+
+    def tags(self, path: str) -> FileTags:
+        """The tags of one file."""
+        payload = self.payloads([path]).get(path)
+        if payload is None:
+            raise ContextError(f"{path} is not an indexed source file of {self.root}")
+        return FileTags.from_payload(path, payload)
+
+    def empty_files(self) -> list[tuple[str, str]]:
+        """Files that yielded no definitions, with the reason (reported, never dropped)."""
+        out = []
+        for path, payload in sorted(self.payloads().items()):
+            if not payload[1]:
+                out.append((path, payload[5] or "no definitions found"))
+        return out
+
+
+def _git(root: Path, *args: str) -> bytes | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def blob_id(data: bytes) -> str:
+    """The git blob id of ``data`` (so hashed and indexed files share cache keys)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _hash_file(path: Path) -> str | None:
+    try:
+        return blob_id(path.read_bytes())
+    except OSError:
+        return None
+
+
+def _wanted(path: str, skipped: list[tuple[str, str]]) -> str | None:
+    lang = language_for(path)
+    if lang is None:
+        return None
+    parts = path.split("/")
+    if any(p in _SKIP_DIRS or (p.startswith(".") and len(p) > 1) for p in parts[:-1]):
+        return None
+    return lang
+
+
+def _scan_git(root: Path, stats: IndexStats, skipped: list[tuple[str, str]]) -> list[SourceFile] | None:
+    top_raw = _git(root, "rev-parse", "--show-toplevel")
+    if top_raw is None:
+        return None
+    top = Path(top_raw.decode().strip())
+    prefix = root.resolve().relative_to(top.resolve()).as_posix()
+    prefix = "" if prefix == "." else prefix + "/"
+    listing = _git(top, "ls-files", "-s", "-z")
+    status = _git(top, "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames")
+    if listing is None or status is None:
+        return None
+    ids: dict[str, str] = {}
+    for entry in listing.split(b"\0"):
+        if not entry:
+            continue
+        meta, _, name = entry.partition(b"\t")
+        mode, blob, _stage = meta.split(b" ")
+        if mode in (b"100644", b"100755"):
+            ids[name.decode("utf-8", "surrogateescape")] = blob.decode()
+    dirty: set[str] = set()
+    for entry in status.split(b"\0"):
+        if len(entry) < 4:
+            continue
+        xy, name = entry[:2], entry[3:].decode("utf-8", "surrogateescape")
+        if xy == b"??" or xy[1:2] not in (b" ",):
+            dirty.add(name)
+        elif xy[0:1] == b"D":
+            ids.pop(name, None)
+    files: list[SourceFile] = []
+    for name in sorted(set(ids) | dirty):
+        if prefix and not name.startswith(prefix):
+            continue
+        rel = name[len(prefix) :]
+        lang = _wanted(rel, skipped)
+        if lang is None:
+            continue
+        path = root / rel
+        if name in dirty:
+            if not path.is_file():
+                continue
+            content_id = _hash_file(path)
+            stats.hashed += 1
+            if content_id is None:
+                continue
+        else:
+            content_id = ids[name]
+        files.append(SourceFile(rel, content_id, lang))
+    return files
+
+
+def _scan_walk(root: Path, stats: IndexStats, skipped: list[tuple[str, str]]) -> list[SourceFile]:
+    files: list[SourceFile] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            lang = _wanted(rel, skipped)
+            if lang is None or path.is_symlink():
+                continue
+            content_id = _hash_file(path)
+            stats.hashed += 1
+            if content_id is not None:
+                files.append(SourceFile(rel, content_id, lang))
+    return files
+
+
+def scan(root: Path, stats: IndexStats | None = None) -> tuple[list[SourceFile], list[tuple[str, str]]]:
+    """Source files under ``root`` with content ids, and files skipped with the reason."""
+    stats = stats if stats is not None else IndexStats()
+    skipped: list[tuple[str, str]] = []
+    found = _scan_git(root, stats, skipped)
+    if found is None:
+        found = _scan_walk(root, stats, skipped)
+    kept: list[SourceFile] = []
+    for f in found:
+        try:
+            size = (root / f.path).stat().st_size
+        except OSError:
+            skipped.append((f.path, "unreadable"))
+            continue
+        if size > MAX_FILE_BYTES:
+            skipped.append((f.path, f"larger than {MAX_FILE_BYTES} bytes"))
+        else:
+            kept.append(f)
+    return kept, skipped
+
+
+def _parse_chunk(root: str, chunk: list[tuple[str, str]]) -> list[tuple[str, bytes]]:
+    return [(rel, marshal.dumps(extract_file(os.path.join(root, rel), lang))) for rel, lang in chunk]
+
+
+def default_workers() -> int:
+    """Cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _parse(
+    root: Path,
+    todo: list[SourceFile],
+    workers: int,
+    progress: Progress | None,
+) -> tuple[dict[str, bytes], int]:
+    """Parse ``todo``; returns marshalled payloads by path and the worker count used."""
+    out: dict[str, bytes] = {}
+    ctags_files = [(f.path, f.lang) for f in todo if f.lang.startswith("ctags:")]
+    ts_files = [f for f in todo if not f.lang.startswith("ctags:")]
+    if ctags_files:
+        if ctags_available():
+            payloads = extract_ctags(str(root), ctags_files)
+        else:
+            payloads = {
+                p: (lang, [], {}, [], {}, "no grammar and universal-ctags is not installed")
+                for p, lang in ctags_files
+            }
+        out.update((p, marshal.dumps(v)) for p, v in payloads.items())
+    total = len(ts_files)
+    done = 0
+    if workers <= 1 or total < _PARALLEL_MIN:
+        for f in ts_files:
+            out[f.path] = marshal.dumps(extract_file(str(root / f.path), f.lang))
+            done += 1
+            if progress and done % 16 == 0:
+                progress(done, total)
+        return out, 1
+    # Largest files first, dealt round-robin into many chunks: balanced and early finishing.
+    sizes = {}
+    for f in ts_files:
+        try:
+            sizes[f.path] = (root / f.path).stat().st_size
+        except OSError:
+            sizes[f.path] = 0
+    ordered = sorted(ts_files, key=lambda f: (-sizes[f.path], f.path))
+    n_chunks = min(len(ordered), workers * 8)
+    chunks: list[list[tuple[str, str]]] = [[] for _ in range(n_chunks)]
+    for i, f in enumerate(ordered):
+        chunks[i % n_chunks].append((f.path, f.lang))
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        for result in pool.map(_parse_chunk, [str(root)] * n_chunks, chunks):
+            out.update(result)
+            done += len(result)
+            if progress:
+                progress(done, total)
+    return out, workers
+
+
+def fingerprint(files: list[SourceFile]) -> str:
+    """One id for the exact set of (path, content, language) triples."""
+    h = hashlib.sha1(_VERSION.encode())
+    for f in files:
+        h.update(f"{f.path}\0{f.content_id}\0{f.lang}\n".encode())
+    return h.hexdigest()
+
+
+def build_index(
+    root: str | Path,
+    *,
+    cache: TagCache | None = None,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> RepoIndex:
+    """Scan ``root`` and make sure every source file's tags are in the cache."""
+    root_path = Path(root)
+    if not root_path.is_dir():
+        raise ContextError(f"{root} is not a directory")
+    cache = cache if cache is not None else TagCache()
+    stats = IndexStats()
+    t0 = time.perf_counter()
+    files, skipped = scan(root_path, stats)
+    stats.files = len(files)
+    stats.scan_ms = (time.perf_counter() - t0) * 1000
+    index = RepoIndex(root_path, files, cache, fingerprint(files), skipped, stats)
+    graph_known = cache.get_graph(str(root_path.resolve()), index.fingerprint) is not None
+    if graph_known:
+        # The graph for exactly these contents exists, so every payload was cached.
+        stats.cached = len(files)
+        return index
+    by_key: dict[str, list[SourceFile]] = {}
+    for f in files:
+        by_key.setdefault(TagCache.key(f.content_id, f.lang), []).append(f)
+    cached = cache.get_many(by_key)
+    for key, payload in cached.items():
+        for f in by_key[key]:
+            index._payloads[f.path] = payload
+    # Identical contents (empty __init__.py files...) are parsed once.
+    todo = [group[0] for k, group in by_key.items() if k not in cached]
+    stats.cached = len(files) - sum(len(by_key[TagCache.key(f.content_id, f.lang)]) for f in todo)
+    if todo:
+        t1 = time.perf_counter()
+        parsed, used = _parse(root_path, todo, workers or default_workers(), progress)
+        stats.parsed = len(parsed)
+        stats.workers = used
+        cache.put_many((TagCache.key(f.content_id, f.lang), parsed[f.path]) for f in todo)
+        for f in todo:
+            payload = marshal.loads(parsed[f.path])
+            for same in by_key[TagCache.key(f.content_id, f.lang)]:
+                index._payloads[same.path] = payload
+        stats.parse_ms = (time.perf_counter() - t1) * 1000
+    return index
+
+
+def load_payload_blob(data: bytes) -> Any:
+    """Decode one cached payload (for tools that read the cache directly)."""
+    return marshal.loads(data)

@@ -1,0 +1,203 @@
+"""Definitions and references per file, from tree-sitter and this project's tags queries.
+
+A file's tags are a plain tuple (``Payload``) so they cross process boundaries and go into
+the SQLite cache with ``marshal`` cheaply; ``FileTags`` is the readable view of one.
+Languages without a grammar fall back to universal-ctags (definitions only).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections import Counter
+from typing import NamedTuple
+
+from hybrid.context.languages import grammar
+from hybrid.context.text import terms
+
+# (lang, defs, refs, imports, doc_terms, error); defs are (name, kind, line, end_line, signature)
+Payload = tuple[str, list[tuple[str, str, int, int, str]], dict[str, int], list[str], dict[str, int], str]
+
+_CLIMB = frozenset(
+    {
+        "function_declarator",
+        "pointer_declarator",
+        "reference_declarator",
+        "qualified_identifier",
+        "scope_resolution",
+        "template_function",
+    }
+)
+_MAX_SIGNATURE = 200
+_MAX_DOC_CHARS = 4000
+
+
+class Definition(NamedTuple):
+    """One definition: name, kind (class, function, method, ...), 1-based line span, signature."""
+
+    name: str
+    kind: str
+    line: int
+    end_line: int
+    signature: str
+
+
+class FileTags(NamedTuple):
+    """Everything the index knows about one file."""
+
+    path: str
+    lang: str
+    definitions: tuple[Definition, ...]
+    references: dict[str, int]
+    imports: tuple[str, ...]
+    error: str
+
+    @classmethod
+    def from_payload(cls, path: str, payload: Payload) -> FileTags:
+        lang, defs, refs, imports, _doc, error = payload
+        return cls(path, lang, tuple(Definition(*d) for d in defs), refs, tuple(imports), error)
+
+
+def _definition_node(name_node):  # type: ignore[no-untyped-def]
+    node = name_node.parent
+    while node is not None and node.type in _CLIMB:
+        node = node.parent
+    return node if node is not None else name_node
+
+
+def _signature(node, source: bytes) -> str:  # type: ignore[no-untyped-def]
+    body = node.child_by_field_name("body")
+    if body is None and node.type == "variable_declarator":
+        value = node.child_by_field_name("value")
+        body = value.child_by_field_name("body") if value is not None else None
+    if body is not None and body.start_byte > node.start_byte:
+        raw = source[node.start_byte : body.start_byte]
+    else:
+        end = source.find(b"\n", node.start_byte, node.end_byte)
+        raw = source[node.start_byte : end if end != -1 else node.end_byte]
+    text = " ".join(raw.decode("utf-8", "replace").split())
+    text = text.rstrip("{").rstrip()
+    if len(text) > _MAX_SIGNATURE:
+        text = text[: _MAX_SIGNATURE - 3] + "..."
+    return text
+
+
+def extract(source: bytes, lang: str) -> Payload:
+    """Parse ``source`` as ``lang`` and run its tags query."""
+    from tree_sitter import QueryCursor
+
+    _, parser, query = grammar(lang)
+    tree = parser.parse(source)
+    captures = QueryCursor(query).captures(tree.root_node)
+    defs: list[tuple[str, str, int, int, str]] = []
+    refs: Counter[str] = Counter()
+    imports: list[str] = []
+    docs: list[str] = []
+    doc_chars = 0
+    for capture, nodes in captures.items():
+        if capture.startswith("definition."):
+            kind = capture[11:]
+            for name_node in nodes:
+                node = _definition_node(name_node)
+                if kind == "function" and lang == "python":
+                    parent = node.parent
+                    if parent is not None and parent.type == "block":
+                        owner = parent.parent
+                        if owner is not None and owner.type == "class_definition":
+                            kind_here = "method"
+                        else:
+                            kind_here = "function"
+                    else:
+                        kind_here = "function"
+                else:
+                    kind_here = kind
+                text = name_node.text.decode("utf-8", "replace")
+                defs.append(
+                    (
+                        text,
+                        kind_here,
+                        node.start_point[0] + 1,
+                        node.end_point[0] + 1,
+                        _signature(node, source),
+                    )
+                )
+        elif capture == "reference.import":
+            for node in nodes:
+                imports.append(node.text.decode("utf-8", "replace").strip("\"'<>"))
+        elif capture.startswith("reference."):
+            refs.update(node.text.decode("utf-8", "replace") for node in nodes)
+        elif capture == "doc":
+            for node in nodes:
+                if doc_chars < _MAX_DOC_CHARS:
+                    text = node.text.decode("utf-8", "replace")[:1000]
+                    docs.append(text)
+                    doc_chars += len(text)
+    defs.sort(key=lambda d: (d[2], d[0]))
+    doc_terms = dict(Counter(terms("\n".join(docs))))
+    return (lang, defs, dict(refs), sorted(set(imports)), doc_terms, "")
+
+
+def extract_file(path: str, lang: str) -> Payload:
+    """Tags of one file on disk; an unreadable file yields an empty payload with the error."""
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read()
+    except OSError as exc:
+        return (lang, [], {}, [], {}, f"unreadable: {exc.strerror or exc}")
+    try:
+        return extract(source, lang)
+    except Exception as exc:  # a grammar crash must not lose the other files
+        return (lang, [], {}, [], {}, f"parse failed: {exc}")
+
+
+def ctags_available() -> bool:
+    """Whether universal-ctags is on PATH (the fallback for languages without a grammar)."""
+    exe = shutil.which("ctags")
+    if exe is None:
+        return False
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Universal Ctags" in out.stdout
+
+
+def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]:
+    """Definitions for ``files`` ((relative path, "ctags:<Lang>")) from one universal-ctags run."""
+    result: dict[str, Payload] = {path: (lang, [], {}, [], {}, "") for path, lang in files}
+    if not files:
+        return result
+    cmd = ["ctags", "--output-format=json", "--fields=+nKSe", "-f", "-", "-L", "-"]
+    try:
+        out = subprocess.run(
+            cmd,
+            cwd=root,
+            input="\n".join(p for p, _ in files),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        for path, lang in files:
+            result[path] = (lang, [], {}, [], {}, f"ctags failed: {exc}")
+        return result
+    defs: dict[str, list[tuple[str, str, int, int, str]]] = {p: [] for p, _ in files}
+    for line in out.stdout.splitlines():
+        try:
+            tag = json.loads(line)
+        except ValueError:
+            continue
+        path = tag.get("path")
+        if tag.get("_type") != "tag" or path not in defs:
+            continue
+        lineno = int(tag.get("line", 0))
+        signature = f"{tag.get('kind', '')} {tag['name']}{tag.get('signature', '')}".strip()
+        defs[path].append(
+            (tag["name"], str(tag.get("kind", "symbol")), lineno, int(tag.get("end", lineno)), signature)
+        )
+    for path, lang in files:
+        found = sorted(defs[path], key=lambda d: (d[2], d[0]))
+        doc_terms = dict(Counter(t for d in found for t in terms(d[0])))
+        result[path] = (lang, found, {}, [], doc_terms, "")
+    return result

@@ -1,0 +1,55 @@
+"""Word and identifier tokenization shared by BM25, task parsing and token budgets."""
+
+from __future__ import annotations
+
+import re
+
+IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WORD_RE = re.compile(r"[A-Za-z][a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+STOPWORDS = frozenset(
+    """a an and are as at be been but by can could do does did for from has have had if in
+    into is it its of on or not no so such that the their then there these this those to was
+    were will with when where which while who why how what all any also may might must should
+    would use used using via we you your our i me my he she they them than too very just only
+    self cls none true false return def class import none null nil new var let const fn func
+    get set add fix fixed fixes fixing bug bugs issue issues error errors make makes made
+    work works change changes changed update updated support supports case cases pr closes""".split()
+)
+
+
+def stem(word: str) -> str:
+    """A tiny suffix stripper: enough to match "parsing"/"parser"/"parse" in BM25."""
+    for suffix in ("ations", "ation", "ings", "ing", "ers", "er", "ies", "es", "ed", "s"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return word
+
+
+def split_identifier(name: str) -> list[str]:
+    """``parseHTTPResponse_v2`` -> ["parse", "http", "response", "v", "2"] (lower case)."""
+    return [part.lower() for part in _WORD_RE.findall(name)]
+
+
+def terms(text: str) -> list[str]:
+    """BM25 terms of free text or code: identifiers split into stemmed sub-words, plus the
+    whole identifier when it is compound."""
+    out: list[str] = []
+    for ident in IDENT_RE.findall(text):
+        parts = split_identifier(ident)
+        if len(parts) > 1:
+            whole = ident.lower()
+            if whole not in STOPWORDS:
+                out.append(whole)
+        for part in parts:
+            if len(part) > 1 and part not in STOPWORDS:
+                out.append(stem(part))
+    return out
+
+
+def count_tokens(text: str) -> int:
+    """Approximate LLM tokens: one per four characters (rounded up), at least one per line.
+
+    A model-free estimate that is close to BPE tokenizers on source code; every budget in
+    hybrid.context is enforced with it.
+    """
+    return max((len(text) + 3) // 4, text.count("\n"))
