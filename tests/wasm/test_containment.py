@@ -197,3 +197,19 @@ def test_compiled_module_cache_is_on_disk(probe: Path) -> None:
     key = CACHE.key(probe.read_bytes())
     assert (CACHE.directory / f"{key}.module").exists()
     assert os.path.getsize(CACHE.directory / f"{key}.module") > 0
+
+
+def test_nothing_left_after_the_process_exits(probe: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    private = tmp_path / "proc-tmp"
+    private.mkdir()
+    code = (
+        "import sys; from hybrid.wasm import run; "
+        "[run(sys.argv[1], ['write', '/workspace/f', 'exit', '0']) for _ in range(3)]; "
+        "run(sys.argv[1], ['spin', ''], spec=__import__('hybrid').SandboxSpec(budget={'fuel': 1000}))"
+    )
+    env = {**os.environ, "TMPDIR": str(private)}
+    subprocess.run([sys.executable, "-c", code, str(probe)], check=True, env=env, timeout=60)
+    assert list(private.iterdir()) == []

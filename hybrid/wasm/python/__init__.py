@@ -1,0 +1,6 @@
+"""Python snippets in WebAssembly: CPython 3.14 (componentize-py) in a fresh wasmtime instance per run."""
+
+from hybrid.wasm.python.guest import build, component, is_ready
+from hybrid.wasm.python.runner import DEFAULT_SPEC, InputFiles, available_modules, run_python
+
+__all__ = ["DEFAULT_SPEC", "InputFiles", "available_modules", "build", "component", "is_ready", "run_python"]

@@ -1,0 +1,177 @@
+"""The python-wasm guest: built from the project's own sources with componentize-py, cached compiled.
+
+The component (CPython 3.14 + the bundled standard library + ``wasm_modules/python/app.py``,
+~27 MB) is not committed. The first use builds it into the cache directory, keyed by a hash of
+the guest sources and the componentize-py version (~10-20 s), and the shared compiled cache
+then compiles it once for this wasmtime (~10 s). Later processes load it in milliseconds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from wasmtime.component import Component
+
+from hybrid.errors import EngineUnavailable
+from hybrid.paths import cache_dir
+from hybrid.wasm.cache import CACHE
+
+WORLD = "snippet"
+APP = "app"
+BUILD_TIMEOUT = 900.0
+
+Progress = Callable[[str], None]
+
+_lock = threading.Lock()
+_component: Component | None = None
+
+
+def source_dir() -> Path:
+    """Where the guest sources live (``$HYBRID_PY_GUEST_DIR`` overrides, for development)."""
+    override = os.environ.get("HYBRID_PY_GUEST_DIR")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[3] / "wasm_modules" / "python"
+
+
+def _sources(root: Path) -> list[Path]:
+    files = [root / f"{APP}.py", *sorted((root / "wit").glob("*.wit"))]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing or len(files) < 2:
+        raise EngineUnavailable(
+            f"python-wasm guest sources not found under {root} (missing: {', '.join(missing) or 'wit/*.wit'}); "
+            "install hybrid from its source checkout or set HYBRID_PY_GUEST_DIR"
+        )
+    return files
+
+
+def _componentize_version() -> str:
+    try:
+        return version("componentize-py")
+    except PackageNotFoundError:
+        raise EngineUnavailable(
+            "componentize-py is not installed: pip install componentize-py==0.25.1 "
+            "(it builds the python-wasm guest)"
+        ) from None
+
+
+def fingerprint() -> str:
+    """Hash of the guest sources and the componentize-py version: the built component's identity."""
+    root = source_dir()
+    digest = hashlib.sha256(f"componentize-py {_componentize_version()}\n".encode())
+    for path in _sources(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:20]
+
+
+def component_path() -> Path:
+    """Where the built component for the current sources lives (it may not exist yet)."""
+    return cache_dir("python-wasm") / f"guest-{fingerprint()}.wasm"
+
+
+def build(*, force: bool = False, progress: Progress | None = None) -> Path:
+    """Build the guest component if it is missing (or ``force``); return its path.
+
+    Safe across threads and processes: one builder holds a lock file, the rest wait for it.
+    Raises EngineUnavailable when componentize-py is missing or the build fails.
+    """
+    target = component_path()
+    if target.is_file() and not force:
+        return target
+    lock_path = target.with_suffix(".lock")
+    with _lock, open(lock_path, "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        if target.is_file() and not force:
+            return target  # another process built it while we waited
+        if progress:
+            progress("building the python-wasm guest with componentize-py (one time, ~20 s)")
+        _componentize(source_dir(), target)
+    return target
+
+
+def _componentize(root: Path, target: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".wasm")
+    os.close(fd)
+    command = [
+        sys.executable,
+        "-c",
+        "import sys; from componentize_py import script; sys.argv[0] = 'componentize-py'; sys.exit(script())",
+        "-q",
+        "-d",
+        str(root / "wit"),
+        "-w",
+        WORLD,
+        "componentize",
+        APP,
+        "-p",
+        str(root),
+        "-o",
+        tmp,
+    ]
+    _componentize_version()
+    try:
+        proc = subprocess.run(
+            command,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            check=False,
+        )
+        if proc.returncode != 0 or not Path(tmp).stat().st_size:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            raise EngineUnavailable(f"building the python-wasm guest failed (componentize-py): {tail}")
+        os.replace(tmp, target)
+    except subprocess.TimeoutExpired:
+        raise EngineUnavailable(
+            f"building the python-wasm guest took over {BUILD_TIMEOUT:.0f} s and was stopped"
+        ) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def is_ready() -> bool:
+    """True when the component is built and compiled for this wasmtime (first use will be fast)."""
+    if _component is not None:
+        return True
+    path = component_path()
+    if not path.is_file():
+        return False
+    return (CACHE.directory / f"{CACHE.key(path.read_bytes())}.component").is_file()
+
+
+def component(progress: Progress | None = None) -> Component:
+    """The compiled guest component for the shared Engine: built and compiled on first use."""
+    global _component
+    if _component is not None:
+        return _component
+    with _lock:
+        if _component is not None:
+            return _component
+    path = build(progress=progress)
+    data = path.read_bytes()
+    if progress and not (CACHE.directory / f"{CACHE.key(data)}.component").is_file():
+        progress("compiling the python-wasm guest for this wasmtime (one time, ~10 s)")
+    compiled = CACHE.component(data, name="python-wasm guest")
+    with _lock:
+        _component = compiled
+    return compiled
+
+
+def reset() -> None:
+    """Forget the in-process component (the disk caches stay); used to measure cold loads."""
+    global _component
+    with _lock:
+        _component = None

@@ -1,0 +1,323 @@
+"""Run a Python snippet (and its tests) in a fresh CPython-in-WebAssembly instance.
+
+Every run instantiates the cached compiled component into a new Store, so no state survives
+between runs. The snippet sees only its input files (read-only, in its working directory), has
+no sockets, no host environment, an empty stdin, and the spec's fuel, memory and wall-clock caps.
+Its stdout/stderr go through bounded pipes; the harness inside the guest returns the per-test
+outcomes and a traceback restricted to the user's own files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import wasmtime
+from wasmtime.component import Linker
+
+from hybrid.errors import InvalidInput, PolicyViolation
+from hybrid.policy import Budget, SandboxSpec, admit
+from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
+from hybrid.wasm import engine as _engine
+from hybrid.wasm.pipes import OutputPipe
+from hybrid.wasm.python import guest
+from hybrid.wasm.runtime import _classify_error, _classify_trap
+
+TIER = "python-wasm"
+
+DEFAULT_SPEC = SandboxSpec(
+    tier="python-wasm",
+    budget=Budget(wall_seconds=10.0, memory=256 * 1024**2, fuel=20_000_000_000, output_bytes=1024**2),
+)
+"""10 s, 256 MiB, 2e10 fuel (about 1.5 s of pure-Python work), 1 MiB of each output stream."""
+
+TRACEBACK_CHARS = 8000
+"""A traceback longer than this keeps its head and its tail (the innermost frames)."""
+
+BACKSTOP_SECONDS = 0.5
+"""Grace past the deadline before the caller stops waiting for a guest stuck in a host call."""
+
+MAX_INPUT_BYTES = 64 * 1024**2
+"""Input files are copied into a private directory per run; this caps their total size."""
+
+InputFiles = Mapping[str, bytes | str | Path] | Sequence[str | Path]
+"""Input files: a mapping of name -> content (bytes, text or a host Path), or host paths
+(each visible under its base name)."""
+
+_local = threading.local()
+
+
+def _linker() -> Linker:
+    # One Linker per thread: cheap to keep, never shared by concurrent instantiations.
+    linker = getattr(_local, "linker", None)
+    if linker is None:
+        linker = Linker(_engine.engine())
+        linker.add_wasip2()
+        _local.linker = linker
+    return linker
+
+
+def run_python(
+    source: str,
+    tests: str | None = None,
+    *,
+    files: InputFiles | None = None,
+    spec: SandboxSpec | None = None,
+    filename: str = "snippet.py",
+    tests_filename: str = "tests.py",
+) -> ExecutionResult:
+    """Run ``source`` and then ``tests`` (top-level ``assert`` lines and ``test_*`` functions,
+    in the snippet's namespace) in a fresh CPython-in-WASM instance under ``spec``.
+
+    Returns an ExecutionResult (tier ``python-wasm``) with one TestOutcome per test and a
+    bounded traceback of the first error. Raises PolicyViolation for a spec the tier cannot
+    honour and InvalidInput for unusable input files; every other outcome is in the result.
+    """
+    spec = spec or DEFAULT_SPEC
+    if spec is not DEFAULT_SPEC:
+        violations = admit(spec, TIER)
+        if violations:
+            raise PolicyViolation(violations)
+    compiled = guest.component()
+    budget = spec.budget
+    request = json.dumps(
+        {
+            "op": "run",
+            "source": source,
+            "tests": tests,
+            "filename": filename,
+            "tests_filename": tests_filename,
+            "wall_seconds": budget.wall_seconds,
+        }
+    )
+    run_dir = Path(tempfile.mkdtemp(prefix="hybrid-py-"))
+    outcome = _Outcome(run_dir)
+    try:
+        files_dir = run_dir / "files"
+        files_dir.mkdir()
+        _stage_files(files, files_dir)
+        wasi = wasmtime.WasiConfig()
+        wasi.argv = ["python", filename]
+        wasi.env = sorted(spec.env.resolve().items())
+        out = OutputPipe(run_dir / "stdout", budget.output_bytes)
+        err = OutputPipe(run_dir / "stderr", budget.output_bytes)
+        outcome.pipes = (out, err)
+        wasi.stdout_file = str(out.path)
+        wasi.stderr_file = str(err.path)
+        # No stdin is configured: input() and sys.stdin.read() see end-of-file at once.
+        wasi.preopen_dir(str(files_dir), "/", False)
+        for mount in spec.mounts:
+            source_path = mount.source.expanduser()
+            if not source_path.is_dir():
+                raise InvalidInput(f"{source_path}: not a directory (the wasm tiers grant directories only)")
+            wasi.preopen_dir(str(source_path), mount.target, mount.mode == "rw")
+        for pipe in outcome.pipes:
+            pipe.start()
+        store = wasmtime.Store(_engine.engine())
+        store.set_fuel(budget.fuel)
+        store.set_limits(memory_size=budget.memory)
+        store.set_epoch_deadline(_engine.deadline_ticks(budget.wall_seconds))
+        store.set_wasi(wasi)
+        outcome.store = store
+    except BaseException:
+        outcome.cleanup()
+        raise
+
+    # The guest runs on its own thread so the caller's deadline holds even if the guest is
+    # blocked in a host call (the guest caps its own sleeps; this is the backstop).
+    worker = threading.Thread(
+        target=outcome.execute, args=(compiled, request), name="hybrid-py-run", daemon=True
+    )
+    start = time.perf_counter()
+    worker.start()
+    worker.join(budget.wall_seconds + BACKSTOP_SECONDS)
+    if worker.is_alive():
+        return outcome.abandon(budget, (time.perf_counter() - start) * 1000)
+    return outcome.result(budget)
+
+
+class _Outcome:
+    """State of one run, finished by the worker thread (which also cleans up)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.pipes: tuple[OutputPipe, ...] = ()
+        self.store: wasmtime.Store | None = None
+        self.response: dict[str, Any] | None = None
+        self.termination = Termination.OK
+        self.detail = ""
+        self.wall_ms = 0.0
+        self.fuel_left: int | None = None
+        self.output: tuple[bytes, bool, bytes, bool] = (b"", False, b"", False)
+
+    def execute(self, compiled: Any, request: str) -> None:
+        store = self.store
+        assert store is not None
+        start = time.perf_counter()
+        try:
+            instance = _linker().instantiate(store, compiled)
+            func = instance.get_func(store, "run")
+            if func is None:
+                raise wasmtime.WasmtimeError("the python-wasm guest exports no run function")
+            self.response = json.loads(func(store, request))
+        except wasmtime.Trap as exc:
+            self.termination, self.detail = _classify_trap(exc)
+        except wasmtime.WasmtimeError as exc:
+            self.termination, self.detail = _classify_error(exc)
+            if self.termination is Termination.ERROR and "stack" in str(exc).lower():
+                self.detail = "call stack exhausted (deep recursion)"
+        finally:
+            self.wall_ms = (time.perf_counter() - start) * 1000
+            try:
+                self.fuel_left = store.get_fuel()
+            except wasmtime.WasmtimeError:
+                self.fuel_left = None
+            store.close()  # closes the guest's ends of the pipes, so draining sees EOF
+            out, err = self.pipes
+            stdout, stdout_cut = out.finish()
+            stderr, stderr_cut = err.finish()
+            self.output = (stdout, stdout_cut, stderr, stderr_cut)
+            self.cleanup()
+
+    def cleanup(self) -> None:
+        for pipe in self.pipes:
+            pipe.finish()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def abandon(self, budget: Budget, wall_ms: float) -> ExecutionResult:
+        """The guest is still blocked in a host call past its deadline: report the timeout now.
+
+        The worker finishes on its own (the epoch deadline stops the guest at its next
+        instruction once the host call returns) and then removes the run directory.
+        """
+        out, err = self.pipes
+        stdout, stdout_cut = bytes(out.data), out.overflowed
+        stderr, stderr_cut = bytes(err.data), err.overflowed
+        return ExecutionResult(
+            tier=TIER,
+            termination=Termination.TIMEOUT,
+            exit_code=None,
+            stdout=stdout.decode("utf-8", errors="replace"),
+            stderr=stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=stdout_cut,
+            stderr_truncated=stderr_cut,
+            usage=Usage(wall_ms=wall_ms),
+            detail=f"wall-clock deadline of {budget.wall_seconds} s reached while blocked in a host call",
+        )
+
+    def result(self, budget: Budget) -> ExecutionResult:
+        stdout, stdout_cut, stderr, stderr_cut = self.output
+        termination, detail = self.termination, self.detail
+        response = self.response or {}
+        tests = [TestOutcome(**t) for t in response.get("tests", [])]
+        exit_code: int | None = response.get("exit_code") if self.response is not None else None
+        error = response.get("error")
+        if self.response is not None:
+            if response.get("memory_error"):
+                termination = Termination.OUT_OF_MEMORY
+                detail = f"MemoryError under the memory cap of {budget.memory} bytes"
+            elif exit_code:
+                termination = Termination.NONZERO_EXIT
+                failed = sum(not t.passed for t in tests)
+                if error and not failed:
+                    detail = _first_line(error)
+                elif failed:
+                    detail = f"{failed} of {len(tests)} tests failed"
+                    if error:
+                        detail += f"; first error: {_first_line(error)}"
+                else:
+                    detail = f"exit status {exit_code}"
+        fuel_used = None if self.fuel_left is None else budget.fuel - self.fuel_left
+        if termination is Termination.TIMEOUT and fuel_used == 0:
+            fuel_used = None  # an interrupt inside pure wasm code does not write the fuel counter back
+        if stdout_cut or stderr_cut:
+            termination = Termination.OUTPUT_LIMIT
+            detail = f"output over {budget.output_bytes} bytes was cut"
+        return ExecutionResult(
+            tier=TIER,
+            termination=termination,
+            exit_code=exit_code,
+            stdout=stdout.decode("utf-8", errors="replace"),
+            stderr=stderr.decode("utf-8", errors="replace"),
+            stdout_truncated=stdout_cut,
+            stderr_truncated=stderr_cut,
+            usage=Usage(wall_ms=self.wall_ms, fuel_used=fuel_used),
+            detail=detail,
+            tests=tests,
+            traceback=_bound(response.get("traceback")),
+        )
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def _bound(text: str | None) -> str | None:
+    if text is None or len(text) <= TRACEBACK_CHARS:
+        return text
+    head = TRACEBACK_CHARS // 4
+    tail = TRACEBACK_CHARS - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n... {cut} characters cut ...\n{text[-tail:]}"
+
+
+def _stage_files(files: InputFiles | None, target: Path) -> None:
+    """Copy the input files into the run's private directory (the guest's working directory)."""
+    if not files:
+        return
+    items: list[tuple[str, bytes | str | Path]]
+    if isinstance(files, Mapping):
+        items = list(files.items())
+    else:
+        items = [(Path(p).name, Path(p)) for p in files]
+    total = 0
+    for name, content in items:
+        rel = PurePosixPath(name)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise InvalidInput(f"input file name {name!r} must be a relative path without '..'")
+        dest = target.joinpath(*rel.parts)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            if not content.is_file():
+                raise InvalidInput(f"{content}: no such input file")
+            total += content.stat().st_size
+            _check_total(total)
+            shutil.copyfile(content, dest)
+        else:
+            data = content.encode() if isinstance(content, str) else content
+            total += len(data)
+            _check_total(total)
+            dest.write_bytes(data)
+
+
+def _check_total(total: int) -> None:
+    if total > MAX_INPUT_BYTES:
+        raise InvalidInput(
+            f"input files total over {MAX_INPUT_BYTES // 1024**2} MiB; the python-wasm tier is for "
+            "small inputs (use the container tier for large data)"
+        )
+
+
+def available_modules() -> list[str]:
+    """The importable modules bundled in the guest (public names, sorted), asked of the guest itself."""
+    compiled = guest.component()
+    store = wasmtime.Store(_engine.engine())
+    store.set_fuel(DEFAULT_SPEC.budget.fuel)
+    store.set_limits(memory_size=DEFAULT_SPEC.budget.memory)
+    store.set_epoch_deadline(_engine.deadline_ticks(DEFAULT_SPEC.budget.wall_seconds))
+    store.set_wasi(wasmtime.WasiConfig())
+    try:
+        instance = _linker().instantiate(store, compiled)
+        func = instance.get_func(store, "run")
+        assert func is not None
+        modules: list[str] = json.loads(func(store, json.dumps({"op": "modules"})))["modules"]
+        return modules
+    finally:
+        store.close()
