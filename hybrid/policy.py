@@ -70,7 +70,9 @@ class Budget(_Strict):
     fuel: int = Field(2_000_000_000, gt=0, description="WebAssembly fuel (roughly instructions).")
     pids: int = Field(64, gt=0, description="Maximum processes and threads (process tiers).")
     cpus: float = Field(1.0, gt=0, description="CPU share in cores (process tiers).")
-    output_bytes: Size = Field(1024**2, gt=0, description="Bytes kept of each of stdout and stderr.")
+    output_bytes: Size = Field(
+        1024**2, gt=0, description="Bytes kept of each of stdout and stderr."
+    )
 
 
 class Mount(_Strict):
@@ -92,14 +94,20 @@ class Mount(_Strict):
 class NetworkPolicy(_Strict):
     """Network access. The default is none at all."""
 
-    mode: Literal["none", "egress"] = Field("none", description="none, or egress to the allow-list only.")
-    allow: list[str] = Field(default_factory=list, description="host[:port] patterns reachable in egress mode.")
+    mode: Literal["none", "egress"] = Field(
+        "none", description="none, or egress to the allow-list only."
+    )
+    allow: list[str] = Field(
+        default_factory=list, description="host[:port] patterns reachable in egress mode."
+    )
 
 
 class Environment(_Strict):
     """The environment a job sees: nothing from the host unless named here."""
 
-    allow: list[str] = Field(default_factory=list, description="Names that may be set or inherited.")
+    allow: list[str] = Field(
+        default_factory=list, description="Names that may be set or inherited."
+    )
     set: dict[str, str] = Field(default_factory=dict, description="Variables set to these values.")
     inherit: list[str] = Field(default_factory=list, description="Variables copied from the host.")
 
@@ -215,7 +223,17 @@ SECRET_PATHS = (
 )
 
 # Variable names that carry credentials: never inherited from the host, even when allow-listed.
-SECRET_ENV = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "*CREDENTIAL*", "*_KEY", "*API_KEY*", "AWS_*", "SSH_AUTH_SOCK")
+SECRET_ENV = (
+    "*TOKEN*",
+    "*SECRET*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*CREDENTIAL*",
+    "*_KEY",
+    "*API_KEY*",
+    "AWS_*",
+    "SSH_AUTH_SOCK",
+)
 
 
 def _secret_paths() -> list[Path]:
@@ -241,23 +259,33 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
 
     if spec.network.mode == "egress":
         if not spec.network.allow:
-            violations.append("network: egress without an allow-list; name the hosts in network.allow or use mode = \"none\"")
+            violations.append(
+                'network: egress without an allow-list; name the hosts in network.allow or use mode = "none"'
+            )
         if not any(lim.network for lim in limits):
-            violations.append(f"network: the {tier} tier has no network; use mode = \"none\" or a container tier")
+            violations.append(
+                f'network: the {tier} tier has no network; use mode = "none" or a container tier'
+            )
 
     workspace = PurePosixPath(spec.workspace)
     if not workspace.is_absolute() or workspace == PurePosixPath("/"):
-        violations.append(f"workspace: must be an absolute directory other than /, got {spec.workspace!r}")
+        violations.append(
+            f"workspace: must be an absolute directory other than /, got {spec.workspace!r}"
+        )
     secrets = _secret_paths()
     for i, mount in enumerate(spec.mounts):
         where = f"mounts[{i}] {mount.source} -> {mount.target}"
         if mount.mode == "rw" and not _within(PurePosixPath(mount.target), workspace):
-            violations.append(f"{where}: writable mount outside the workspace {spec.workspace}; mount it read-only or under the workspace")
+            violations.append(
+                f"{where}: writable mount outside the workspace {spec.workspace}; mount it read-only or under the workspace"
+            )
         source = Path(os.path.normpath(mount.source.expanduser().absolute()))
         resolved = mount.source.expanduser().resolve()
         for secret in secrets:
             if any(_within(s, secret) or _within(secret, s) for s in (source, resolved)):
-                violations.append(f"{where}: exposes the host secret path {secret}; mount a narrower directory")
+                violations.append(
+                    f"{where}: exposes the host secret path {secret}; mount a narrower directory"
+                )
                 break
 
     for name in sorted(set(spec.env.set) | set(spec.env.inherit)):
@@ -265,7 +293,9 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
             violations.append(f"env: {name} is not on the allow-list (env.allow)")
     for name in spec.env.inherit:
         if any(fnmatch.fnmatchcase(name.upper(), pat) for pat in SECRET_ENV):
-            violations.append(f"env: {name} looks like a credential; host credentials are never inherited (set a scoped value in env.set)")
+            violations.append(
+                f"env: {name} looks like a credential; host credentials are never inherited (set a scoped value in env.set)"
+            )
 
     budget = spec.budget
     checks = (
@@ -280,7 +310,11 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
         applicable = [m for m in maxima if m is not None]
         if applicable and value > max(applicable):
             sized = name in ("memory", "output_bytes")
-            shown, top = (human_size(value), human_size(max(applicable))) if sized else (value, max(applicable))
+            shown, top = (
+                (human_size(int(value)), human_size(int(max(applicable))))
+                if sized
+                else (value, max(applicable))
+            )
             violations.append(f"budget.{name}: {shown} is above the {tier} tier's maximum of {top}")
     return violations
 

@@ -39,7 +39,9 @@ class TestOutcome(BaseModel):
 
     name: str = Field(description="Test function name, or the assert line it came from.")
     passed: bool
-    message: str = Field("", description="Failure message (exception type and text), empty on success.")
+    message: str = Field(
+        "", description="Failure message (exception type and text), empty on success."
+    )
 
 
 class ExecutionResult(BaseModel):
@@ -49,15 +51,21 @@ class ExecutionResult(BaseModel):
 
     tier: str = Field(description="The tier that ran it: wasm, python-wasm, docker, gvisor, ...")
     termination: Termination
-    exit_code: int | None = Field(description="Process exit status; None when the run was killed or trapped.")
+    exit_code: int | None = Field(
+        description="Process exit status; None when the run was killed or trapped."
+    )
     stdout: str = ""
     stderr: str = ""
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     usage: Usage
     detail: str = Field("", description="One line on why the run ended, when it did not end ok.")
-    tests: list[TestOutcome] = Field(default_factory=list, description="Per-test outcomes, when tests ran.")
-    traceback: str | None = Field(None, description="Bounded traceback of an uncaught error, when there was one.")
+    tests: list[TestOutcome] = Field(
+        default_factory=list, description="Per-test outcomes, when tests ran."
+    )
+    traceback: str | None = Field(
+        None, description="Bounded traceback of an uncaught error, when there was one."
+    )
 
     @property
     def ok(self) -> bool:

@@ -18,7 +18,11 @@ def policy() -> None:
 
 @policy.command("check")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--tier", type=click.Choice(["wasm", "python-wasm", "docker", "gvisor"]), help="Check against this tier's limits (default: the spec's own tier).")
+@click.option(
+    "--tier",
+    type=click.Choice(["wasm", "python-wasm", "docker", "gvisor"]),
+    help="Check against this tier's limits (default: the spec's own tier).",
+)
 @json_option
 def check(file: Path, tier: str | None, as_json: bool) -> None:
     """Print every reason FILE's spec may not run; exit 3 if there is any."""
@@ -44,7 +48,9 @@ def _render(file: Path, violations: list[str]) -> None:
 
 @policy.command("init")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--tier", type=click.Choice(["auto", "wasm", "python-wasm", "docker", "gvisor"]), default="auto")
+@click.option(
+    "--tier", type=click.Choice(["auto", "wasm", "python-wasm", "docker", "gvisor"]), default="auto"
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 @json_option
 def init(file: Path, tier: str, force: bool, as_json: bool) -> None:

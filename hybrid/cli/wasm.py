@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -17,9 +18,14 @@ def wasm() -> None:
     """Run WASI modules in the embedded WebAssembly tier."""
 
 
-def budget_options(func):  # type: ignore[no-untyped-def]
+def budget_options(func: Any) -> Any:
     """--fuel/--memory/--timeout/--policy, shared by every command that runs a guest."""
-    func = click.option("--policy", "policy_file", type=click.Path(path_type=Path), help="SandboxSpec TOML to start from.")(func)
+    func = click.option(
+        "--policy",
+        "policy_file",
+        type=click.Path(path_type=Path),
+        help="SandboxSpec TOML to start from.",
+    )(func)
     func = click.option("--timeout", type=float, help="Wall-clock deadline in seconds.")(func)
     func = click.option("--memory", help="Memory cap, e.g. 128M.")(func)
     func = click.option("--fuel", type=int, help="Fuel budget (roughly instructions).")(func)
@@ -27,10 +33,15 @@ def budget_options(func):  # type: ignore[no-untyped-def]
 
 
 def spec_from_options(
-    policy_file: Path | None, fuel: int | None, memory: str | None, timeout: float | None, tier: str = "wasm", **extra: object
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    tier: str = "wasm",
+    **extra: object,
 ) -> SandboxSpec:
     """A SandboxSpec from a policy file (or the defaults) with command-line overrides applied."""
-    spec = SandboxSpec.from_toml(policy_file) if policy_file else SandboxSpec(tier=tier)  # type: ignore[arg-type]
+    spec = SandboxSpec.from_toml(policy_file) if policy_file else SandboxSpec(tier=tier)
     budget = spec.budget.model_dump()
     try:
         if fuel is not None:
@@ -58,7 +69,7 @@ def parse_dir(value: str) -> Mount:
     if not host.is_dir():
         raise InvalidInput(f"--dir {value!r}: {host} is not a directory")
     try:
-        return Mount(source=host.resolve(), target=guest, mode=mode)  # type: ignore[arg-type]
+        return Mount(source=host.resolve(), target=guest, mode=mode)
     except ValueError as exc:
         raise InvalidInput(f"--dir {value!r}: {str(exc).splitlines()[-1].strip()}") from None
 
@@ -86,9 +97,23 @@ def exit_code_for(result: ExecutionResult) -> int:
 @click.argument("module", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @budget_options
-@click.option("--dir", "dirs", multiple=True, metavar="HOST:GUEST[:ro|rw]", help="Grant a host directory (read-only unless :rw, which must be under the workspace).")
-@click.option("--stdin", "stdin_file", type=click.Path(path_type=Path), help="File to feed on stdin.")
-@click.option("--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set a variable in the guest (nothing is inherited).")
+@click.option(
+    "--dir",
+    "dirs",
+    multiple=True,
+    metavar="HOST:GUEST[:ro|rw]",
+    help="Grant a host directory (read-only unless :rw, which must be under the workspace).",
+)
+@click.option(
+    "--stdin", "stdin_file", type=click.Path(path_type=Path), help="File to feed on stdin."
+)
+@click.option(
+    "--env",
+    "env_pairs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set a variable in the guest (nothing is inherited).",
+)
 @json_option
 def run_cmd(
     module: Path,

@@ -77,7 +77,7 @@ class CompiledCache:
             except wasmtime.WasmtimeError:
                 path.unlink(missing_ok=True)  # stale or corrupt: recompile below
         compiled = _compile(eng, data, name, kind, cls)
-        _write_atomic(path, compiled.serialize())
+        _write_atomic(path, bytes(compiled.serialize()))
         return compiled
 
     def clear_memory(self) -> None:
@@ -86,12 +86,20 @@ class CompiledCache:
             self._memory.clear()
 
 
-def _compile(eng: wasmtime.Engine, data: bytes, name: str, kind: Kind, cls: Callable[[wasmtime.Engine, bytes], T]) -> T:
+def _compile(
+    eng: wasmtime.Engine,
+    data: bytes,
+    name: str,
+    kind: Kind,
+    cls: Callable[[wasmtime.Engine, bytes], T],
+) -> T:
     if kind == "module" and not data.startswith(b"\0asm"):
         try:
-            data = wasmtime.wat2wasm(data.decode("utf-8"))
+            data = bytes(wasmtime.wat2wasm(data.decode("utf-8")))
         except (UnicodeDecodeError, wasmtime.WasmtimeError) as exc:
-            raise ModuleError(f"{name}: not a WebAssembly module (neither binary nor valid WAT): {_first_line(exc)}") from None
+            raise ModuleError(
+                f"{name}: not a WebAssembly module (neither binary nor valid WAT): {_first_line(exc)}"
+            ) from None
     try:
         return cls(eng, data)
     except wasmtime.WasmtimeError as exc:

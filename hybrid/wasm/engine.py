@@ -28,7 +28,9 @@ def engine() -> wasmtime.Engine:
                 config.consume_fuel = True
                 config.epoch_interruption = True
                 eng = wasmtime.Engine(config)
-                threading.Thread(target=_tick, args=(eng,), name="hybrid-wasm-epoch", daemon=True).start()
+                threading.Thread(
+                    target=_tick, args=(eng,), name="hybrid-wasm-epoch", daemon=True
+                ).start()
                 _engine = eng
     return _engine
 

@@ -81,7 +81,9 @@ class _Drainer:
         with self._lock:
             self._selector.register(pipe.fileno(), selectors.EVENT_READ, pipe)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="hybrid-wasm-output", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, name="hybrid-wasm-output", daemon=True
+                )
                 self._thread.start()
 
     def unregister(self, pipe: OutputPipe) -> None:

@@ -43,7 +43,9 @@ def deadline_hit() -> bool:
     return bool(getattr(_current, "hit", False))
 
 
-def _poll_oneoff(caller: wasmtime.Caller, in_ptr: int, out_ptr: int, nsubs: int, nevents_ptr: int) -> int:
+def _poll_oneoff(
+    caller: wasmtime.Caller, in_ptr: int, out_ptr: int, nsubs: int, nevents_ptr: int
+) -> int:
     memory = caller.get("memory")
     if not isinstance(memory, wasmtime.Memory) or nsubs == 0:
         return _EINVAL
@@ -89,5 +91,7 @@ POLL_TYPE = wasmtime.FuncType([wasmtime.ValType.i32()] * 4, [wasmtime.ValType.i3
 def install(linker: wasmtime.Linker) -> None:
     """Shadow the WASI preview 1 poll_oneoff in ``linker`` with the deadline-aware one."""
     linker.allow_shadowing = True
-    linker.define_func("wasi_snapshot_preview1", "poll_oneoff", POLL_TYPE, _poll_oneoff, access_caller=True)
+    linker.define_func(
+        "wasi_snapshot_preview1", "poll_oneoff", POLL_TYPE, _poll_oneoff, access_caller=True
+    )
     linker.allow_shadowing = False

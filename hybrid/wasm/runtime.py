@@ -145,7 +145,9 @@ def run(
         for mount in spec.mounts:
             source = mount.source.expanduser()
             if not source.is_dir():
-                raise InvalidInput(f"{source}: not a directory (the wasm tier grants directories only)")
+                raise InvalidInput(
+                    f"{source}: not a directory (the wasm tier grants directories only)"
+                )
             wasi.preopen_dir(str(source), mount.target, mount.mode == "rw")
 
         for pipe in pipes:
@@ -188,7 +190,11 @@ def run(
         finally:
             poll.set_deadline(None)
         if poll.deadline_hit():
-            termination, detail, exit_code = Termination.TIMEOUT, "wall-clock deadline reached", None
+            termination, detail, exit_code = (
+                Termination.TIMEOUT,
+                "wall-clock deadline reached",
+                None,
+            )
         wall_ms = (time.perf_counter() - start) * 1000
         fuel_used: int | None = budget.fuel - store.get_fuel()
         store.close()  # closes the guest's ends of the pipes, so draining sees EOF
@@ -196,14 +202,22 @@ def run(
         stderr_bytes, stderr_cut = err.finish()
         stderr = stderr_bytes.decode("utf-8", errors="replace")
         if termination is Termination.TIMEOUT and fuel_used == 0:
-            fuel_used = None  # an interrupt inside pure wasm code does not write the fuel counter back
+            fuel_used = (
+                None  # an interrupt inside pure wasm code does not write the fuel counter back
+            )
         if termination in (Termination.NONZERO_EXIT, Termination.TRAP, Termination.ERROR) and (
             any(marker in stderr for marker in _OOM_MARKERS)
             or (memory_bytes is not None and memory_bytes + 16 * _PAGE >= budget.memory)
         ):
-            termination, detail = Termination.OUT_OF_MEMORY, f"memory cap of {budget.memory} bytes reached"
+            termination, detail = (
+                Termination.OUT_OF_MEMORY,
+                f"memory cap of {budget.memory} bytes reached",
+            )
         if stdout_cut or stderr_cut:
-            termination, detail = Termination.OUTPUT_LIMIT, f"output over {budget.output_bytes} bytes was cut"
+            termination, detail = (
+                Termination.OUTPUT_LIMIT,
+                f"output over {budget.output_bytes} bytes was cut",
+            )
         return ExecutionResult(
             tier="wasm",
             termination=termination,

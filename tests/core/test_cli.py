@@ -18,10 +18,18 @@ DATA = Path(__file__).parent.parent / "data"
 
 
 def hybrid_cmd(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hybrid", *args], capture_output=True, text=True, input=stdin, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hybrid", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=120,
+    )
 
 
-def leaf_commands(group: click.Group, ctx: click.Context, prefix: str = "") -> list[tuple[str, click.Command]]:
+def leaf_commands(
+    group: click.Group, ctx: click.Context, prefix: str = ""
+) -> list[tuple[str, click.Command]]:
     leaves = []
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)
@@ -45,12 +53,18 @@ def test_every_command_has_json() -> None:
     ctx = click.Context(cli)
     leaves = leaf_commands(cli, ctx)
     assert len(leaves) >= len(COMMANDS)
-    missing = [path for path, command in leaves if not any("--json" in p.opts for p in command.params)]
+    missing = [
+        path for path, command in leaves if not any("--json" in p.opts for p in command.params)
+    ]
     assert missing == []
 
 
 def test_public_api_matches_all() -> None:
-    exported = {name for name in dir(hybrid) if not name.startswith("_")} - {"errors", "policy", "results"}
+    exported = {name for name in dir(hybrid) if not name.startswith("_")} - {
+        "errors",
+        "policy",
+        "results",
+    }
     modules = {name for name in exported if type(getattr(hybrid, name)).__name__ == "module"}
     assert set(hybrid.__all__) == exported - modules
     for name in hybrid.__all__:
@@ -75,7 +89,9 @@ def test_wasm_run_json(tmp_path: Path) -> None:
 
 
 def test_wasm_run_timeout_exit_code() -> None:
-    result = hybrid_cmd("wasm", "run", str(DATA / "spin.wat"), "--timeout", "0.2", "--fuel", "10000000000000")
+    result = hybrid_cmd(
+        "wasm", "run", str(DATA / "spin.wat"), "--timeout", "0.2", "--fuel", "10000000000000"
+    )
     assert result.returncode == 124
     assert "timeout" in result.stderr
 
@@ -87,11 +103,16 @@ def test_wasm_run_timeout_exit_code() -> None:
         (["wasm", "run", str(Path(__file__))], "not a WebAssembly module"),
         (["wasm", "run", str(DATA / "hello.wat"), "--memory", "lots"], "not a size"),
         (["wasm", "run", str(DATA / "hello.wat"), "--dir", "/nonexistent:/x"], "not a directory"),
-        (["wasm", "run", str(DATA / "hello.wat"), "--dir", str(Path.home() / ".ssh") + ":/k"], "secret path"),
+        (
+            ["wasm", "run", str(DATA / "hello.wat"), "--dir", str(Path.home() / ".ssh") + ":/k"],
+            "secret path",
+        ),
         (["policy", "check", "/nonexistent.toml"], "no such policy file"),
     ],
 )
-def test_bad_input_gives_one_line_and_nonzero_exit(args: list[str], message: str, tmp_path: Path) -> None:
+def test_bad_input_gives_one_line_and_nonzero_exit(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
     (Path.home() / ".ssh").mkdir(exist_ok=True)
     result = hybrid_cmd(*args)
     assert result.returncode != 0
@@ -108,7 +129,9 @@ def test_policy_check_cli(tmp_path: Path) -> None:
     assert ok.returncode == 0
     assert json.loads(ok.stdout) == {"file": str(good), "admitted": True, "violations": []}
     bad = tmp_path / "bad.toml"
-    bad.write_text('[network]\nmode = "egress"\n[[mounts]]\nsource = "/tmp"\ntarget = "/out"\nmode = "rw"\n')
+    bad.write_text(
+        '[network]\nmode = "egress"\n[[mounts]]\nsource = "/tmp"\ntarget = "/out"\nmode = "rw"\n'
+    )
     result = hybrid_cmd("policy", "check", str(bad))
     assert result.returncode == 3
     assert "egress without an allow-list" in result.stdout

@@ -18,7 +18,14 @@ def test_defaults_are_admitted_and_deny_by_default() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("512", 512), ("64k", 65536), ("256M", 256 * 1024**2), ("1GiB", 1024**3), ("1.5G", int(1.5 * 1024**3)), (7, 7)],
+    [
+        ("512", 512),
+        ("64k", 65536),
+        ("256M", 256 * 1024**2),
+        ("1GiB", 1024**3),
+        ("1.5G", int(1.5 * 1024**3)),
+        (7, 7),
+    ],
 )
 def test_parse_size(text: str | int, expected: int) -> None:
     assert parse_size(text) == expected
@@ -59,7 +66,11 @@ def test_every_violation_is_reported(tmp_path: Path) -> None:
                 {"source": str(tmp_path), "target": "/out", "mode": "rw"},
                 {"source": "/", "target": "/host"},
             ],
-            "env": {"set": {"FOO": "1"}, "inherit": ["AWS_SECRET_ACCESS_KEY"], "allow": ["AWS_SECRET_ACCESS_KEY"]},
+            "env": {
+                "set": {"FOO": "1"},
+                "inherit": ["AWS_SECRET_ACCESS_KEY"],
+                "allow": ["AWS_SECRET_ACCESS_KEY"],
+            },
             "budget": {"pids": 10**6, "memory": "100T"},
         }
     )
@@ -80,7 +91,9 @@ def test_every_violation_is_reported(tmp_path: Path) -> None:
 
 
 def test_tier_maximum_and_network_per_tier() -> None:
-    spec = SandboxSpec(budget=Budget(memory="8G"), network={"mode": "egress", "allow": ["pypi.internal:443"]})
+    spec = SandboxSpec(
+        budget=Budget(memory="8G"), network={"mode": "egress", "allow": ["pypi.internal:443"]}
+    )
     assert admit(spec, "docker") == []
     wasm = admit(spec, "wasm")
     assert any("budget.memory: 8G is above the wasm tier's maximum of 4G" in v for v in wasm)

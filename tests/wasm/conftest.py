@@ -25,10 +25,24 @@ def probe() -> Path:
     out = Path(tempfile.gettempdir()) / f"hybrid-probe-{digest}.wasm"
     if not out.exists():
         if not Path(RUSTC).exists():
-            pytest.fail("the containment probe needs Debian's rustc with wasm32-wasi (apt-get install rustc libstd-rust-dev-wasm32 lld-14)")
+            pytest.fail(
+                "the containment probe needs Debian's rustc with wasm32-wasi (apt-get install rustc libstd-rust-dev-wasm32 lld-14)"
+            )
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         subprocess.run(
-            [RUSTC, "--edition", "2021", "--target", "wasm32-wasi", "-O", "-C", "strip=symbols", str(source), "-o", str(tmp)],
+            [
+                RUSTC,
+                "--edition",
+                "2021",
+                "--target",
+                "wasm32-wasi",
+                "-O",
+                "-C",
+                "strip=symbols",
+                str(source),
+                "-o",
+                str(tmp),
+            ],
             check=True,
             capture_output=True,
         )
@@ -45,7 +59,9 @@ def run_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     yield private
     left = [p for p in private.rglob("*")]
-    assert all(p.is_dir() and p.name.startswith("hybrid-run-") for p in left), f"guest files left behind: {left}"
+    assert all(p.is_dir() and p.name.startswith("hybrid-run-") for p in left), (
+        f"guest files left behind: {left}"
+    )
     remove_scratch_dirs()  # what happens at interpreter exit
     assert list(private.iterdir()) == [], "scratch directories survive exit"
     io_root = Path("/dev/shm")

@@ -65,7 +65,9 @@ def test_allocation_within_cap_succeeds(probe: Path) -> None:
 
 def test_module_whose_minimum_memory_exceeds_cap(tmp_path: Path) -> None:
     module = tmp_path / "big.wat"
-    module.write_text('(module (memory (export "memory") 200) (func (export "_start")))')  # 12.5 MiB
+    module.write_text(
+        '(module (memory (export "memory") 200) (func (export "_start")))'
+    )  # 12.5 MiB
     result = run(module, spec=spec(memory="4M"))
     assert result.termination is Termination.OUT_OF_MEMORY
 
@@ -74,7 +76,9 @@ def test_writes_outside_scratch_fail(probe: Path, tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     mounted = SandboxSpec(tier="wasm", mounts=[Mount(source=data, target="/data")])
-    result = run(probe, ["write", "/etc/evil", "write", "/data/evil", "write", "/workspace/ok"], spec=mounted)
+    result = run(
+        probe, ["write", "/etc/evil", "write", "/data/evil", "write", "/workspace/ok"], spec=mounted
+    )
     lines = result.stdout.splitlines()
     assert lines[0].startswith("write denied"), lines
     assert lines[1].startswith("write denied"), lines
@@ -90,7 +94,10 @@ def test_scratch_is_private_to_each_run(probe: Path) -> None:
 
 
 def test_host_paths_not_granted_are_invisible(probe: Path) -> None:
-    result = run(probe, ["read", "/etc/passwd", "list", "/", "list", "/etc", "read", str(Path.home() / ".bashrc")])
+    result = run(
+        probe,
+        ["read", "/etc/passwd", "list", "/", "list", "/etc", "read", str(Path.home() / ".bashrc")],
+    )
     assert result.stdout.count("denied") == 4, result.stdout
     assert "root:" not in result.stdout
 
