@@ -1,0 +1,351 @@
+"""Built-in checks (csv, json, grep, redact, scope), each run in a fuel- and memory-capped WASI module.
+
+Every call returns a report with ``ok`` (the check passed), its findings, and how the run ended
+(``termination``, ``usage``). A request the module rejects raises the matching InvalidInput
+(``InvalidPattern`` for a bad regex, ``InvalidDiff`` for a malformed diff). A run that ends
+abnormally (out of fuel, past its deadline, out of memory) is not an exception: the report says
+so with ``ok=False`` and its ``termination``; ``report.raise_for_termination()`` turns it into the
+matching ExecutionError.
+
+Data arguments take a ``pathlib.Path`` (or any ``os.PathLike``) to read a file, or ``str``/``bytes``
+holding the data itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hybrid.errors import (
+    ExecTimeout,
+    ExecutionError,
+    InvalidDiff,
+    InvalidInput,
+    InvalidPattern,
+    OutOfFuel,
+    OutOfMemory,
+)
+from hybrid.policy import Budget, Mount, SandboxSpec
+from hybrid.results import Termination, Usage
+from hybrid.wasm import builtins
+from hybrid.wasm.runtime import run
+
+Data = str | bytes | os.PathLike[str]
+R = TypeVar("R", bound="CheckReport")
+
+
+class CheckReport(BaseModel):
+    """What every check reports: the verdict and how the sandboxed run ended."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ok: bool = Field(description="The check passed (and the run ended normally).")
+    termination: Termination = Field(Termination.OK, description="How the module run ended.")
+    usage: Usage = Field(description="Wall time, fuel and memory of the module run.")
+    detail: str = Field("", description="Why the run ended abnormally, when it did.")
+
+    def raise_for_termination(self: R) -> R:
+        """Raise the matching ExecutionError unless the run ended normally; return self otherwise."""
+        if self.termination is Termination.OK:
+            return self
+        error = {
+            Termination.TIMEOUT: ExecTimeout,
+            Termination.OUT_OF_FUEL: OutOfFuel,
+            Termination.OUT_OF_MEMORY: OutOfMemory,
+        }.get(self.termination, ExecutionError)
+        raise error(f"check ended with {self.termination.value}: {self.detail}", result=self)
+
+
+class BadRow(BaseModel):
+    """The first row that failed: ragged, or a value of the wrong type."""
+
+    line: int = Field(description="1-based line number in the file.")
+    row: int = Field(description="1-based data row (the header is row 0).")
+    reason: str
+    column: str | None = None
+    value: str | None = None
+    expected: str | None = None
+
+
+class CsvReport(CheckReport):
+    """Result of ``check_csv``."""
+
+    columns: list[str] = Field(default_factory=list, description="The header, in order.")
+    missing: list[str] = Field(default_factory=list, description="Required or typed columns not in the header.")
+    duplicate_columns: list[str] = Field(default_factory=list)
+    rows: int = Field(0, description="Data rows (header excluded).")
+    bad_rows: int = 0
+    first_bad_row: BadRow | None = None
+    problems: list[str] = Field(default_factory=list, description="One readable line per problem.")
+
+
+class JsonSyntaxError(BaseModel):
+    """Where a document stops being JSON."""
+
+    line: int
+    column: int
+    message: str
+
+
+class JsonFailure(BaseModel):
+    """One schema failure at a JSON path such as ``$.items[2].name``."""
+
+    path: str
+    keyword: str
+    message: str
+
+
+class JsonReport(CheckReport):
+    """Result of ``check_json``."""
+
+    valid_json: bool = False
+    syntax_error: JsonSyntaxError | None = None
+    root_type: str | None = None
+    schema_checked: bool = False
+    errors: list[JsonFailure] = Field(default_factory=list)
+    error_count: int = Field(0, description="All failures, including any beyond max_errors.")
+
+
+class GrepMatch(BaseModel):
+    """One matching line with its context."""
+
+    path: str = Field(description="Path relative to the searched directory.")
+    line: int
+    column: int = Field(description="1-based column of the first match, in characters.")
+    text: str
+    match: str
+    before: list[str] = Field(default_factory=list)
+    after: list[str] = Field(default_factory=list)
+
+
+class GrepReport(CheckReport):
+    """Result of ``grep``; ``ok`` means the search ran, ``found`` that something matched."""
+
+    pattern: str = ""
+    found: bool = False
+    matches: list[GrepMatch] = Field(default_factory=list)
+    files_scanned: int = 0
+    files_matched: int = 0
+    binary_skipped: int = 0
+    large_skipped: int = 0
+    unreadable: list[str] = Field(default_factory=list)
+    truncated: bool = Field(False, description="max_matches was reached.")
+
+
+class RedactReport(CheckReport):
+    """Result of ``redact``: the scrubbed, bounded text wrapped in an untrusted-evidence marker."""
+
+    text: str = ""
+    counts: dict[str, int] = Field(default_factory=dict, description="Redactions per kind of secret.")
+    redactions: int = 0
+    markers_neutralised: int = 0
+    input_bytes: int = 0
+    truncated: bool = False
+    cut_bytes: int = 0
+
+
+class TouchedFile(BaseModel):
+    """One path a diff touches."""
+
+    path: str
+    old_path: str | None = None
+    status: Literal["added", "modified", "deleted", "renamed", "copied"]
+    binary: bool = False
+    additions: int = 0
+    deletions: int = 0
+    old_mode: str | None = None
+    new_mode: str | None = None
+    similarity: str | None = None
+
+
+class ScopeViolation(BaseModel):
+    """A path the policy does not allow, and the rule that says so."""
+
+    path: str
+    rule: str = Field(description="env-file, ci-config, credential-file, lockfile, git-internals, denied-glob, outside-allowed-prefixes or path-escape.")
+    pattern: str | None = None
+    message: str
+
+
+class ScopeReport(CheckReport):
+    """Result of ``scope``."""
+
+    decision: Literal["reviewable", "blocked"] = "blocked"
+    files: list[TouchedFile] = Field(default_factory=list)
+    violations: list[ScopeViolation] = Field(default_factory=list)
+    additions: int = 0
+    deletions: int = 0
+
+
+_ERRORS: dict[str, type[InvalidInput]] = {"pattern": InvalidPattern, "diff": InvalidDiff}
+
+
+def _spec(budget: Budget | None, mounts: Sequence[Mount] = ()) -> SandboxSpec | None:
+    if budget is None and not mounts:
+        return None  # the runtime's default spec: admitted once, the fast path
+    return SandboxSpec(tier="wasm", budget=budget or Budget(), mounts=list(mounts))
+
+
+def _stdin(data: Data) -> bytes | Path:
+    if isinstance(data, str | bytes):
+        return data.encode() if isinstance(data, str) else data
+    path = Path(data)
+    if not path.is_file():
+        raise InvalidInput(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    return path
+
+
+def _run(
+    name: str,
+    report: type[R],
+    request: Mapping[str, Any],
+    *,
+    stdin: bytes | Path | None = None,
+    budget: Budget | None = None,
+    mounts: Sequence[Mount] = (),
+) -> R:
+    result = run(
+        builtins.module(name),
+        [json.dumps(request, separators=(",", ":"))],
+        stdin=stdin,
+        spec=_spec(budget, mounts),
+        program=name,
+    )
+    if result.termination is not Termination.OK and result.exit_code != 2:
+        return report(ok=False, termination=result.termination, usage=result.usage, detail=result.detail)
+    try:
+        data = json.loads(result.stdout)
+    except ValueError:
+        raise ExecutionError(f"check {name} printed no report ({result.termination.value}: {result.detail})", result=result) from None
+    if result.exit_code == 2 or "error" in data:
+        raise _ERRORS.get(data.get("kind", ""), InvalidInput)(str(data.get("error", "bad input")))
+    data["usage"] = result.usage
+    return report.model_validate(data)
+
+
+def check_csv(
+    data: Data,
+    *,
+    require: Sequence[str] = (),
+    types: Mapping[str, str] | None = None,
+    delimiter: str = ",",
+    allow_empty: bool = False,
+    budget: Budget | None = None,
+) -> CsvReport:
+    """Check a CSV: required columns, column types (int, float, bool, date, string), row count, first bad row."""
+    request = {"require": list(require), "types": dict(types or {}), "delimiter": delimiter, "allow_empty": allow_empty}
+    return _run("csv", CsvReport, request, stdin=_stdin(data), budget=budget)
+
+
+def check_json(
+    document: Data,
+    *,
+    schema: Mapping[str, Any] | os.PathLike[str] | None = None,
+    max_errors: int = 100,
+    budget: Budget | None = None,
+) -> JsonReport:
+    """Parse a JSON document and validate it against a small schema; failures carry their JSON path."""
+    if schema is not None and not isinstance(schema, Mapping):
+        schema = _load_schema(Path(schema))
+    request = {"schema": dict(schema) if schema is not None else None, "max_errors": max_errors}
+    return _run("json", JsonReport, request, stdin=_stdin(document), budget=budget)
+
+
+def _load_schema(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(f"{path}: no such schema file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{path}: cannot read schema: {exc}") from None
+    except ValueError as exc:
+        raise InvalidInput(f"{path}: schema is not valid JSON: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise InvalidInput(f"{path}: a schema must be a JSON object")
+    return loaded
+
+
+def grep(
+    pattern: str,
+    root: str | os.PathLike[str] = ".",
+    *,
+    ignore_case: bool = False,
+    context: int = 0,
+    max_matches: int = 1000,
+    globs: Sequence[str] = (),
+    budget: Budget | None = None,
+) -> GrepReport:
+    """Search a directory (or one file) read-only with a linear-time regex; file:line:col and context."""
+    path = Path(root)
+    if not path.exists():
+        raise InvalidInput(f"{path}: no such file or directory")
+    request: dict[str, Any] = {
+        "pattern": pattern,
+        "ignore_case": ignore_case,
+        "context": context,
+        "max_matches": max_matches,
+        "globs": list(globs),
+    }
+    if path.is_dir():
+        return _run("grep", GrepReport, request, budget=budget, mounts=[Mount(source=path, target="/data")])
+    # One file: grant a directory holding only a copy of it, never its siblings.
+    with tempfile.TemporaryDirectory(prefix="hybrid-grep-") as tmp:
+        shutil.copyfile(path, Path(tmp) / path.name)
+        request["paths"] = [path.name]
+        return _run("grep", GrepReport, request, budget=budget, mounts=[Mount(source=Path(tmp), target="/data")])
+
+
+def redact(
+    text: Data,
+    *,
+    literals: Sequence[str] = (),
+    max_bytes: int = 32 * 1024,
+    entropy: bool = True,
+    label: str | None = None,
+    budget: Budget | None = None,
+) -> RedactReport:
+    """Scrub secrets, bound the length and wrap the text in ``<untrusted-evidence>`` markers."""
+    request = {"literals": list(literals), "max_bytes": max_bytes, "entropy": entropy, "label": label}
+    return _run("redact", RedactReport, request, stdin=_stdin(text), budget=budget)
+
+
+def scope(
+    diff: Data,
+    *,
+    allow: Sequence[str] = (),
+    deny: Sequence[str] = (),
+    allow_lockfiles: bool = False,
+    default_deny: bool = True,
+    budget: Budget | None = None,
+) -> ScopeReport:
+    """Parse a unified diff, list the touched paths and decide reviewable or blocked."""
+    request = {"allow": list(allow), "deny": list(deny), "allow_lockfiles": allow_lockfiles, "default_deny": default_deny}
+    return _run("scope", ScopeReport, request, stdin=_stdin(diff), budget=budget)
+
+
+__all__ = [
+    "BadRow",
+    "CheckReport",
+    "CsvReport",
+    "GrepMatch",
+    "GrepReport",
+    "JsonFailure",
+    "JsonReport",
+    "JsonSyntaxError",
+    "RedactReport",
+    "ScopeReport",
+    "ScopeViolation",
+    "TouchedFile",
+    "check_csv",
+    "check_json",
+    "grep",
+    "redact",
+    "scope",
+]

@@ -1,0 +1,266 @@
+//! `redact`: scrub secrets from text, bound its length and wrap it as untrusted evidence.
+//!
+//! Request: {"literals": [...], "max_bytes": 32768, "entropy": true, "label": "pytest"}.
+//! Data: the text on stdin. Output: the wrapped text and a count per kind; never a secret.
+//! Order matters: literals, then private key blocks, then token formats, then key=value
+//! assignments, then high-entropy runs; the length bound is applied last, so a cut can never
+//! expose half of a secret that a rule would have matched whole.
+
+use hybrid_checks::{fail, request};
+use regex::{Captures, Regex};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    #[serde(default)]
+    literals: Vec<String>,
+    #[serde(default = "default_max_bytes")]
+    max_bytes: usize,
+    #[serde(default = "default_true")]
+    entropy: bool,
+    #[serde(default)]
+    label: Option<String>,
+}
+
+fn default_max_bytes() -> usize {
+    32 * 1024
+}
+fn default_true() -> bool {
+    true
+}
+
+const OPEN: &str = "<untrusted-evidence";
+const CLOSE: &str = "</untrusted-evidence>";
+
+fn marker(kind: &str) -> String {
+    format!("[REDACTED:{}]", kind)
+}
+
+struct Redactor {
+    counts: BTreeMap<&'static str, u64>,
+}
+
+impl Redactor {
+    /// Replace every match of `pattern`'s group `secret` (the whole match when 0), keeping the rest.
+    fn rule(&mut self, text: String, kind: &'static str, pattern: &str, secret: usize) -> String {
+        self.rule_if(text, kind, pattern, secret, |_| true)
+    }
+
+    /// Like `rule`, for matches that `keep` accepts (`keep` sees the captures).
+    fn rule_if(
+        &mut self,
+        text: String,
+        kind: &'static str,
+        pattern: &str,
+        secret: usize,
+        keep: impl Fn(&Captures) -> bool,
+    ) -> String {
+        let re = Regex::new(pattern).expect("built-in pattern");
+        let mut hits = 0u64;
+        let out = re.replace_all(&text, |c: &Captures| {
+            let whole = c.get(0).expect("match");
+            let value = match c.get(secret) {
+                Some(v) => v,
+                None => return whole.as_str().to_string(),
+            };
+            if is_placeholder(value.as_str()) || !keep(c) {
+                return whole.as_str().to_string();
+            }
+            hits += 1;
+            let start = value.start() - whole.start();
+            let end = value.end() - whole.start();
+            let w = whole.as_str();
+            format!("{}{}{}", &w[..start], marker(kind), &w[end..])
+        });
+        let out = out.into_owned();
+        if hits > 0 {
+            *self.counts.entry(kind).or_insert(0) += hits;
+        }
+        out
+    }
+
+    fn literals(&mut self, mut text: String, literals: &[String]) -> String {
+        let mut sorted: Vec<&String> = literals.iter().filter(|l| !l.is_empty()).collect();
+        sorted.sort_by_key(|l| std::cmp::Reverse(l.len())); // longest first: no partial leftovers
+        for lit in sorted {
+            let n = text.matches(lit.as_str()).count() as u64;
+            if n > 0 {
+                text = text.replace(lit.as_str(), &marker("literal"));
+                *self.counts.entry("literal").or_insert(0) += n;
+            }
+        }
+        text
+    }
+
+    fn entropy(&mut self, text: String) -> String {
+        // Base64/base64url runs of 24+ chars, and hex runs of 32+; an optional digest prefix
+        // (`sha256:`) marks a public content hash, which is kept.
+        let re = Regex::new(r"(sha(?:1|256|384|512)[:=])?\b([A-Za-z0-9+/_\-]{24,}={0,2})").expect("entropy");
+        let mut hits = 0u64;
+        let out = re.replace_all(&text, |c: &Captures| {
+            let whole = c.get(0).expect("match").as_str();
+            let token = c.get(2).expect("token").as_str();
+            if c.get(1).is_some() || !looks_random(token) {
+                return whole.to_string();
+            }
+            hits += 1;
+            let prefix = &whole[..whole.len() - token.len()];
+            format!("{}{}", prefix, marker("high_entropy"))
+        });
+        let out = out.into_owned();
+        if hits > 0 {
+            *self.counts.entry("high_entropy").or_insert(0) += hits;
+        }
+        out
+    }
+}
+
+fn is_placeholder(value: &str) -> bool {
+    let v = value.trim_matches(|c| c == '"' || c == '\'');
+    v.is_empty()
+        || v.starts_with("[REDACTED:")
+        || v.starts_with("${")
+        || v.starts_with("$(")
+        || v.starts_with("{{")
+        || (v.starts_with('<') && v.ends_with('>'))
+        || v.chars().all(|c| c == '*' || c == 'x' || c == 'X' || c == '.')
+        || matches!(v.to_ascii_lowercase().as_str(), "null" | "none" | "true" | "false" | "nil" | "undefined")
+}
+
+/// Keys that name a count or a tool, not a credential (`max_tokens: 4096`, `tokenizer = bert`).
+fn counting_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["tokens", "tokenizer", "token_count", "token_limit", "token_type", "password_policy", "pwd_dir"]
+        .iter()
+        .any(|w| k.contains(w))
+        || k.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()).ends_with("_len")
+}
+
+fn shannon(token: &str) -> f64 {
+    let mut freq = [0u32; 256];
+    for b in token.bytes() {
+        freq[b as usize] += 1;
+    }
+    let n = token.len() as f64;
+    freq.iter().filter(|&&f| f > 0).map(|&f| {
+        let p = f as f64 / n;
+        -p * p.log2()
+    }).sum()
+}
+
+fn looks_random(token: &str) -> bool {
+    let t = token.trim_end_matches('=');
+    let hex = t.len() >= 32 && t.bytes().all(|b| b.is_ascii_hexdigit());
+    if hex {
+        // 40 hex digits is a git object id: public, and everywhere in build evidence.
+        let mixed = t.bytes().any(|b| b.is_ascii_digit()) && t.bytes().any(|b| b.is_ascii_alphabetic());
+        return t.len() != 40 && mixed && shannon(t) >= 3.0;
+    }
+    let upper = t.bytes().any(|b| b.is_ascii_uppercase());
+    let lower = t.bytes().any(|b| b.is_ascii_lowercase());
+    let digit = t.bytes().any(|b| b.is_ascii_digit());
+    // Paths and identifiers are long too, but rarely mix all three classes at this entropy.
+    t.len() >= 24 && upper && lower && digit && shannon(t) >= 4.0
+}
+
+fn floor_boundary(text: &str, mut idx: usize) -> usize {
+    while idx > 0 && !text.is_char_boundary(idx) {
+        idx -= 1;
+    }
+    idx
+}
+
+fn ceil_boundary(text: &str, mut idx: usize) -> usize {
+    while idx < text.len() && !text.is_char_boundary(idx) {
+        idx += 1;
+    }
+    idx
+}
+
+fn main() {
+    let req: Request = request();
+    if req.max_bytes < 64 {
+        fail("request", "max_bytes must be at least 64");
+    }
+    let raw = hybrid_checks::read_stdin();
+    let input_bytes = raw.len();
+    let mut text = String::from_utf8_lossy(&raw).into_owned();
+    drop(raw);
+    let mut r = Redactor { counts: BTreeMap::new() };
+
+    text = r.literals(text, &req.literals);
+    text = r.rule(
+        text,
+        "private_key",
+        r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----|\z)",
+        0,
+    );
+    text = r.rule(text, "aws_access_key_id", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}\b", 0);
+    text = r.rule(
+        text,
+        "aws_secret_access_key",
+        r#"(?i)(aws_?secret_?(?:access_?)?key["']?\s*(?:=|:|=>)\s*["']?)([A-Za-z0-9/+=]{40})"#,
+        2,
+    );
+    text = r.rule(text, "gcp_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", 0);
+    text = r.rule(text, "github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})", 0);
+    text = r.rule(text, "slack_token", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}", 0);
+    text = r.rule(text, "api_key", r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}", 0);
+    text = r.rule(text, "jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", 0);
+    text = r.rule(text, "bearer_token", r"(?i)\bbearer\s+([A-Za-z0-9\-._~+/]{8,}=*)", 1);
+    text = r.rule(text, "authorization", r"(?i)\b(authorization\s*[:=]\s*(?:basic|digest|token)\s+)([^\s]+)", 2);
+    text = r.rule(text, "url_credentials", r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]+:)([^@\s/]+)@", 2);
+    text = r.rule_if(
+        text,
+        "assignment",
+        r#"(?i)([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|private[_\-]?key|credentials?|session[_\-]?id|cookie)[A-Za-z0-9_.\-]*["']?\s*(?:=|:|=>)\s*)("[^"\n]*"|'[^'\n]*'|[^\s,;'"]+)"#,
+        2,
+        |c| !counting_key(c.get(1).map(|k| k.as_str()).unwrap_or("")),
+    );
+    if req.entropy {
+        text = r.entropy(text);
+    }
+
+    // The wrapper must stay the only marker: neutralise any copy inside the text.
+    let markers = Regex::new(r"(?i)<\s*/?\s*untrusted-evidence[^>]*>").expect("marker");
+    let neutralised = markers.find_iter(&text).count() as u64;
+    if neutralised > 0 {
+        text = markers.replace_all(&text, "[evidence-marker removed]").into_owned();
+    }
+
+    let mut cut = 0usize;
+    if text.len() > req.max_bytes {
+        let head_end = floor_boundary(&text, req.max_bytes / 2);
+        let tail_start = ceil_boundary(&text, text.len() - (req.max_bytes - req.max_bytes / 2));
+        cut = tail_start - head_end;
+        text = format!(
+            "{}\n[... {} bytes cut ...]\n{}",
+            &text[..head_end],
+            cut,
+            &text[tail_start..]
+        );
+    }
+
+    let label = req.label.as_deref().map(|l| {
+        l.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.:/ ".contains(*c)).take(80).collect::<String>()
+    });
+    let open = match &label {
+        Some(l) => format!("{} source=\"{}\">", OPEN, l),
+        None => format!("{}>", OPEN),
+    };
+    let redactions: u64 = r.counts.values().sum();
+    let wrapped = format!("{}\n{}\n{}", open, text, CLOSE);
+    hybrid_checks::emit(&json!({
+        "ok": true,
+        "text": wrapped,
+        "counts": r.counts,
+        "redactions": redactions,
+        "markers_neutralised": neutralised,
+        "input_bytes": input_bytes,
+        "truncated": cut > 0,
+        "cut_bytes": cut,
+    }));
+}
