@@ -14,9 +14,10 @@ from collections import Counter
 from typing import NamedTuple
 
 from hybrid.context.languages import grammar
-from hybrid.context.text import terms
+from hybrid.context.text import name_terms, terms
 
-# (lang, defs, refs, imports, doc_terms, error); defs are (name, kind, line, end_line, signature)
+# (lang, defs, refs, imports, terms, error); defs are (name, kind, line, end_line, signature);
+# terms are the file's BM25 term frequencies over symbol names, docstrings and references.
 Payload = tuple[str, list[tuple[str, str, int, int, str]], dict[str, int], list[str], dict[str, int], str]
 
 _CLIMB = frozenset(
@@ -66,6 +67,22 @@ def _definition_node(name_node):  # type: ignore[no-untyped-def]
     return node if node is not None else name_node
 
 
+def _python_kind(node):  # type: ignore[no-untyped-def]
+    """method (in a class body), function (module level) or local (nested in a function)."""
+    parent = node.parent
+    if parent is not None and parent.type == "decorated_definition":
+        parent = parent.parent
+    if parent is None or parent.type == "module":
+        return "function"
+    while parent is not None:
+        if parent.type == "class_definition":
+            return "method"
+        if parent.type in ("function_definition", "lambda"):
+            return "local"
+        parent = parent.parent
+    return "function"
+
+
 def _signature(node, source: bytes) -> str:  # type: ignore[no-untyped-def]
     body = node.child_by_field_name("body")
     if body is None and node.type == "variable_declarator":
@@ -100,18 +117,7 @@ def extract(source: bytes, lang: str) -> Payload:
             kind = capture[11:]
             for name_node in nodes:
                 node = _definition_node(name_node)
-                if kind == "function" and lang == "python":
-                    parent = node.parent
-                    if parent is not None and parent.type == "block":
-                        owner = parent.parent
-                        if owner is not None and owner.type == "class_definition":
-                            kind_here = "method"
-                        else:
-                            kind_here = "function"
-                    else:
-                        kind_here = "function"
-                else:
-                    kind_here = kind
+                kind_here = _python_kind(node) if lang == "python" and kind == "function" else kind
                 text = name_node.text.decode("utf-8", "replace")
                 defs.append(
                     (
@@ -134,8 +140,29 @@ def extract(source: bytes, lang: str) -> Payload:
                     docs.append(text)
                     doc_chars += len(text)
     defs.sort(key=lambda d: (d[2], d[0]))
-    doc_terms = dict(Counter(terms("\n".join(docs))))
-    return (lang, defs, dict(refs), sorted(set(imports)), doc_terms, "")
+    return (lang, defs, dict(refs), sorted(set(imports)), file_terms(defs, docs, refs), "")
+
+
+DEF_WEIGHT = 2
+REF_CAP = 3
+_TERM_KINDS = frozenset({"class", "function", "method", "interface", "type", "module", "macro"})
+
+
+def file_terms(
+    defs: list[tuple[str, str, int, int, str]], docs: list[str], refs: dict[str, int]
+) -> dict[str, int]:
+    """BM25 term frequencies of one file: definition names weigh double, references count
+    at most three times each, docstrings count as written."""
+    tf: Counter[str] = Counter(terms("\n".join(docs)))
+    for d in defs:
+        if d[1] in _TERM_KINDS:
+            for term in name_terms(d[0]):
+                tf[term] += DEF_WEIGHT
+    for name, count in refs.items():
+        c = min(count, REF_CAP)
+        for term in name_terms(name):
+            tf[term] += c
+    return dict(tf)
 
 
 def extract_file(path: str, lang: str) -> Payload:
@@ -198,6 +225,5 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
         )
     for path, lang in files:
         found = sorted(defs[path], key=lambda d: (d[2], d[0]))
-        doc_terms = dict(Counter(t for d in found for t in terms(d[0])))
-        result[path] = (lang, found, {}, [], doc_terms, "")
+        result[path] = (lang, found, {}, [], file_terms(found, [], {}), "")
     return result

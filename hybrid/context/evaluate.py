@@ -1,0 +1,185 @@
+"""``hybrid context eval``: the repository's own bug-fix history as a localization benchmark.
+
+Bug-fix commits are mined from ``git log`` (message as the task, the non-test source files
+it modified as the gold files), newest first, so the selection is deterministic. Each
+parent is checked out in one temporary worktree; the index there reuses the tag cache
+(blob ids), so only files that differ between parents are parsed.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from hybrid.context.cache import TagCache
+from hybrid.context.languages import EXTENSIONS
+from hybrid.context.resolve import is_test_path
+from hybrid.errors import ContextError, InvalidInput
+
+MODES = ("fused", "bm25", "graph")
+_FIX = re.compile(
+    r"\b(fix(e[sd]|ing)?|bug|regression|crash(es|ed)?|broken|incorrect|wrong|error|fail(s|ed|ure)?)\b",
+    re.I,
+)
+_TRAILER = re.compile(r"^(signed-off-by|co-authored-by|reviewed-by|acked-by|cc):", re.I)
+_MAX_GOLD = 3
+
+
+class EvalCase(BaseModel):
+    """One bug-fix commit: the task text and the files it changed."""
+
+    commit: str
+    parent: str
+    task: str
+    gold: list[str]
+
+
+class Metrics(BaseModel):
+    """File-level localization quality of one ranking mode."""
+
+    acc_at_1: float
+    acc_at_5: float
+    mrr: float
+
+
+class CaseResult(BaseModel):
+    """Where each mode put the first gold file (1-based; 0 = not found)."""
+
+    commit: str
+    subject: str
+    gold: list[str]
+    rank: dict[str, int]
+    top: list[str] = Field(description="the fused mode's top five files")
+
+
+class EvalReport(BaseModel):
+    """The eval table: metrics per mode over the mined cases."""
+
+    repo: str
+    cases: int
+    metrics: dict[str, Metrics]
+    results: list[CaseResult]
+
+
+def _git(repo: Path, *args: str) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ContextError(f"git {args[0]} failed: {exc}") from exc
+    if out.returncode != 0:
+        raise ContextError(f"git {args[0]} failed: {out.stderr.strip()[:300]}")
+    return out.stdout
+
+
+def _task_text(message: str) -> str:
+    lines = [ln for ln in message.strip().splitlines() if not _TRAILER.match(ln.strip())]
+    return "\n".join(lines).strip()
+
+
+def mine_cases(repo: str | Path, limit: int = 50, rev: str = "HEAD") -> list[EvalCase]:
+    """Bug-fix commits of ``repo`` (newest first) that modify 1-3 non-test source files."""
+    repo_path = Path(repo)
+    if _git(repo_path, "rev-parse", "--is-inside-work-tree").strip() != "true":
+        raise InvalidInput(f"{repo} is not a git work tree")
+    log = _git(
+        repo_path,
+        "log",
+        "--no-merges",
+        "--no-renames",
+        "--format=%x1e%H%x1f%P%x1f%B%x1f",
+        "--name-status",
+        rev,
+    )
+    cases: list[EvalCase] = []
+    for record in log.split("\x1e"):
+        if len(cases) >= limit:
+            break
+        fields = record.split("\x1f")
+        if len(fields) < 4:
+            continue
+        commit, parents, message, changes = fields[0], fields[1].split(), fields[2], fields[3]
+        if len(parents) != 1 or not _FIX.search(message):
+            continue
+        gold: list[str] = []
+        source_changed = 0
+        for line in changes.strip().splitlines():
+            status, _, path = line.partition("\t")
+            if Path(path).suffix not in EXTENSIONS or is_test_path(path):
+                continue
+            source_changed += 1
+            if status == "M":
+                gold.append(path)
+        if gold and source_changed <= _MAX_GOLD:
+            cases.append(EvalCase(commit=commit, parent=parents[0], task=_task_text(message), gold=sorted(gold)))
+    return cases
+
+
+def _metrics(ranks: list[int]) -> Metrics:
+    n = len(ranks) or 1
+    return Metrics(
+        acc_at_1=sum(1 for r in ranks if r == 1) / n,
+        acc_at_5=sum(1 for r in ranks if 1 <= r <= 5) / n,
+        mrr=sum(1.0 / r for r in ranks if r > 0) / n,
+    )
+
+
+def evaluate(
+    repo: str | Path,
+    limit: int = 50,
+    *,
+    cache: TagCache | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalReport:
+    """Mine ``limit`` bug-fix commits and score every ranking mode on them."""
+    from hybrid.context.repomap import load_graph
+    from hybrid.context.rank import rank
+
+    repo_path = Path(repo).resolve()
+    cases = mine_cases(repo_path, limit)
+    if not cases:
+        raise ContextError(f"no bug-fix commits that modify source files found in {repo}")
+    cache = cache if cache is not None else TagCache()
+    tmp = Path(tempfile.mkdtemp(prefix="hybrid-eval-"))
+    worktree = tmp / "wt"
+    results: list[CaseResult] = []
+    try:
+        _git(repo_path, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent)
+        for n, case in enumerate(cases):
+            _git(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
+            graph = load_graph(worktree, cache=cache)
+            ranks: dict[str, int] = {}
+            top: list[str] = []
+            for mode in MODES:
+                ranking = rank(graph, case.task, mode)  # type: ignore[arg-type]
+                order = [graph["paths"][i] for i in ranking.order]
+                position = {p: k + 1 for k, p in enumerate(order)}
+                found = [position[g] for g in case.gold if g in position]
+                ranks[mode] = min(found) if found else 0
+                if mode == "fused":
+                    top = order[:5]
+            results.append(
+                CaseResult(
+                    commit=case.commit[:12],
+                    subject=case.task.splitlines()[0][:100] if case.task else "",
+                    gold=case.gold,
+                    rank=ranks,
+                    top=top,
+                )
+            )
+            if progress:
+                progress(n + 1, len(cases))
+    finally:
+        subprocess.run(
+            ["git", "-C", str(repo_path), "worktree", "remove", "--force", str(worktree)],
+            capture_output=True,
+        )
+        subprocess.run(["git", "-C", str(repo_path), "worktree", "prune"], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    metrics = {mode: _metrics([r.rank[mode] for r in results]) for mode in MODES}
+    return EvalReport(repo=str(repo), cases=len(results), metrics=metrics, results=results)

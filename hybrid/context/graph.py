@@ -1,0 +1,106 @@
+"""The code graph of a repository: files and symbols, linked by definitions, references and
+imports, plus the BM25 postings over paths, symbol names and docstrings.
+
+The built graph is a plain dict of lists and packed arrays (``GraphData``), stored in the tag
+cache under the repository's fingerprint, so a warm run loads one blob instead of
+rebuilding. Everything is ordered by sorted paths and names: no set or hash order leaks in.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Any
+
+from hybrid.context.resolve import Resolver, is_test_path
+from hybrid.context.tags import Payload
+
+GraphData = dict[str, Any]
+
+PATH_WEIGHT = 3  # BM25 term-frequency multiplier of path words
+
+
+def _ref_weight(name: str, n_defs: int) -> float:
+    """How much one reference to ``name`` says about the files that define it."""
+    w = 1.0
+    if name.startswith("_"):
+        w *= 0.3
+    if len(name) < 3:
+        w *= 0.2
+    if n_defs > 3:
+        w *= 3.0 / n_defs
+    return w
+
+
+def build_graph(payloads: dict[str, Payload]) -> GraphData:
+    """Build the graph and the BM25 index from every file's tags."""
+    paths = sorted(payloads)
+    file_id = {p: i for i, p in enumerate(paths)}
+    n = len(paths)
+    definers: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        for name in sorted({d[0] for d in payloads[p][1]}):
+            definers.setdefault(name, []).append(i)
+    symbols = sorted(definers)
+    sym_id = {s: n + j for j, s in enumerate(symbols)}
+
+    src = array("i")
+    dst = array("i")
+    weight = array("d")
+    resolver = Resolver(paths)
+    imports: list[list[int]] = []
+    file_terms: list[dict[str, int]] = []
+    for i, p in enumerate(paths):
+        lang, _defs, refs, specs, tf, _err = payloads[p]
+        # references: file -> symbol (payload order is deterministic: it is the parse order)
+        for name, count in refs.items():
+            s = sym_id.get(name)
+            if s is None:
+                continue
+            src.append(i)
+            dst.append(s)
+            weight.append(math.sqrt(count) * _ref_weight(name, len(definers[name])))
+        # imports: file -> file
+        targets: set[int] = set()
+        for spec in specs:
+            for target in resolver.resolve(p, lang, spec):
+                t = file_id[target]
+                if t != i:
+                    targets.add(t)
+        imported = sorted(targets)
+        imports.append(imported)
+        for t in imported:
+            src.append(i)
+            dst.append(t)
+            weight.append(2.0)
+        file_terms.append(tf)
+    # definitions: symbol -> file
+    for name in symbols:
+        s = sym_id[name]
+        for i in definers[name]:
+            src.append(s)
+            dst.append(i)
+            weight.append(1.0)
+    return {
+        "paths": paths,
+        "langs": [payloads[p][0] for p in paths],
+        "tests": [is_test_path(p) for p in paths],
+        "symbols": symbols,
+        "definers": [definers[s] for s in symbols],
+        "src": src.tobytes(),
+        "dst": dst.tobytes(),
+        "weight": weight.tobytes(),
+        "imports": imports,
+        "terms": file_terms,
+        "ndefs": [len(payloads[p][1]) for p in paths],
+        "errors": [payloads[p][5] for p in paths],
+    }
+
+
+def importers(graph: GraphData) -> list[list[int]]:
+    """Reverse of ``graph["imports"]``: for each file, the files that import it."""
+    out: list[list[int]] = [[] for _ in graph["paths"]]
+    for i, targets in enumerate(graph["imports"]):
+        for t in targets:
+            out[t].append(i)
+    return out

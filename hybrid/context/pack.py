@@ -1,0 +1,250 @@
+"""Context packs: one token budget filled with what a model needs for a task.
+
+In order of priority: the full text of the top-ranked files (or, when a file is too big,
+the full bodies of its relevant symbols, else its skeleton), skeletons of their neighbours
+(files they import and files importing them), the related test files, and the ranked map
+of the rest. Every item says why it was chosen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from hybrid.context.cache import TagCache
+from hybrid.context.graph import importers
+from hybrid.context.index import Progress, RepoIndex
+from hybrid.context.rank import Mode, rank
+from hybrid.context.repomap import load_graph, render_map
+from hybrid.context.resolve import is_test_path
+from hybrid.context.skeleton import skeleton_source
+from hybrid.context.text import count_tokens
+from hybrid.errors import ContextError
+
+PRIMARY_FILES = 3
+PRIMARY_SHARE = 0.55
+NEIGHBOUR_SHARE = 0.15
+TEST_SHARE = 0.10
+MAP_MIN_SHARE = 0.15
+
+ItemKind = Literal["map", "file", "symbols", "skeleton", "test"]
+
+
+class PackItem(BaseModel):
+    """One piece of the pack."""
+
+    kind: ItemKind
+    path: str | None = None
+    reason: str = Field(description="why this item was chosen")
+    tokens: int
+    text: str
+
+
+class ContextPack(BaseModel):
+    """Everything chosen for one task, within one budget."""
+
+    root: str
+    task: str
+    budget: int
+    tokens: int = Field(description="sum of the items' tokens; never above budget")
+    items: list[PackItem]
+    ranking: list[str] = Field(description="the top twenty files, best first")
+
+
+def _read(root: Path, path: str) -> bytes | None:
+    try:
+        return (root / path).read_bytes()
+    except OSError:
+        return None
+
+
+def _symbol_bodies(
+    index: RepoIndex, root: Path, path: str, wanted: dict[str, float], budget: int
+) -> tuple[str, list[str]]:
+    """Full bodies of the file's definitions that the task is about, best first."""
+    data = _read(root, path)
+    if data is None:
+        return "", []
+    lines = data.decode("utf-8", "replace").splitlines()
+    tags = index.tags(path)
+    picked = [d for d in tags.definitions if d.name in wanted and d.kind != "local"]
+    picked.sort(key=lambda d: (-wanted[d.name], d.line))
+    out: list[str] = []
+    names: list[str] = []
+    used = 0
+    covered: list[tuple[int, int]] = []
+    for d in picked:
+        if any(a <= d.line and d.end_line <= b for a, b in covered):
+            continue
+        block = f"# {path}:{d.line}-{d.end_line}\n" + "\n".join(lines[d.line - 1 : d.end_line]) + "\n"
+        cost = count_tokens(block)
+        if used + cost > budget:
+            continue
+        out.append(block)
+        names.append(d.name)
+        covered.append((d.line, d.end_line))
+        used += cost
+    return "".join(out), names
+
+
+def _skeleton_item(root: Path, path: str, lang: str, kind: ItemKind, reason: str, budget: int) -> PackItem | None:
+    data = _read(root, path)
+    if data is None or lang.startswith("ctags:"):
+        return None
+    try:
+        text = f"# {path} (skeleton)\n" + skeleton_source(data, lang)
+    except ContextError:
+        return None
+    cost = count_tokens(text)
+    if cost > budget:
+        return None
+    return PackItem(kind=kind, path=path, reason=reason, tokens=cost, text=text)
+
+
+def context_pack(
+    root: str | Path = ".",
+    task: str = "",
+    tokens: int = 8000,
+    *,
+    mode: Mode = "fused",
+    cache: TagCache | None = None,
+    progress: Progress | None = None,
+) -> ContextPack:
+    """Fill ``tokens`` with the context for ``task`` in the checkout at ``root``."""
+    if not task.strip():
+        raise ContextError("a context pack needs a task (--task)")
+    if tokens < 64:
+        raise ContextError("the token budget must be at least 64")
+    root_path = Path(root)
+    graph = load_graph(root_path, cache=cache, progress=progress)
+    index: RepoIndex = graph["_index"]
+    paths: list[str] = graph["paths"]
+    langs: list[str] = graph["langs"]
+    ranking = rank(graph, task, mode)
+    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    items: list[PackItem] = []
+    used = 0
+    map_reserve = max(32, int(tokens * MAP_MIN_SHARE))
+
+    # 1. primary files: full text, else the relevant symbols' bodies, else a skeleton
+    primary: list[int] = [i for i in ranking.order if not graph["tests"][i]][:PRIMARY_FILES]
+    primary_budget = int(tokens * PRIMARY_SHARE)
+    included: list[int] = []
+    for rank_no, i in enumerate(primary, 1):
+        path = paths[i]
+        why = "; ".join(ranking.reasons.get(i, [])) or "ranked"
+        reason = f"rank {rank_no}: {why}"
+        left = primary_budget - used
+        # a full file may take what is left; partial content leaves room for the others
+        share = left if rank_no == len(primary) else int(left * 0.6)
+        room = min(left, tokens - map_reserve - used)
+        data = _read(root_path, path)
+        if data is None or room <= 0:
+            continue
+        text = f"# {path}\n" + data.decode("utf-8", "replace")
+        cost = count_tokens(text)
+        if cost <= room:
+            items.append(PackItem(kind="file", path=path, reason=reason, tokens=cost, text=text))
+            used += cost
+            included.append(i)
+            continue
+        room = min(room, share)
+        wanted = {name: 1.0 + w for name, w in ranking.task.symbols.items()}
+        for d in index.tags(path).definitions:
+            j = sym_index.get(d.name)
+            if j is not None and d.name not in wanted and not d.name.startswith("__"):
+                wanted[d.name] = float(ranking.symbol_score[j])
+        body, names = _symbol_bodies(index, root_path, path, wanted, room)
+        if body:
+            cost = count_tokens(body)
+            items.append(
+                PackItem(
+                    kind="symbols",
+                    path=path,
+                    reason=f"{reason}; file too large, bodies of {', '.join(names[:8])}",
+                    tokens=cost,
+                    text=body,
+                )
+            )
+            used += cost
+            included.append(i)
+            continue
+        item = _skeleton_item(root_path, path, langs[i], "skeleton", f"{reason}; file too large", room)
+        if item:
+            items.append(item)
+            used += item.tokens
+            included.append(i)
+    primary = included
+
+    # 2. neighbours: what the primary files import and what imports them
+    reverse = importers(graph)
+    chosen = {paths[i] for i in primary}
+    neighbour_ids: dict[int, str] = {}
+    for i in primary:
+        for t in graph["imports"][i]:
+            neighbour_ids.setdefault(t, f"imported by {paths[i]}")
+        for s in reverse[i]:
+            neighbour_ids.setdefault(s, f"imports {paths[i]}")
+    position = {f: k for k, f in enumerate(ranking.order)}
+    neighbour_budget = int(tokens * NEIGHBOUR_SHARE) + max(0, primary_budget - used)
+    spent = 0
+    for t in sorted(neighbour_ids, key=lambda f: position[f]):
+        if paths[t] in chosen or graph["tests"][t]:
+            continue
+        room = min(neighbour_budget - spent, tokens - map_reserve - used)
+        item = _skeleton_item(root_path, paths[t], langs[t], "skeleton", neighbour_ids[t], room)
+        if item:
+            items.append(item)
+            used += item.tokens
+            spent += item.tokens
+            chosen.add(paths[t])
+
+    # 3. related tests: test files that import a primary file or are named after one
+    stems = {paths[i].rsplit("/", 1)[-1].rsplit(".", 1)[0]: paths[i] for i in primary}
+    test_reasons: dict[int, str] = {}
+    for i in primary:
+        for s in reverse[i]:
+            if graph["tests"][s]:
+                test_reasons.setdefault(s, f"tests {paths[i]} (imports it)")
+    for k, path in enumerate(paths):
+        if graph["tests"][k] and is_test_path(path):
+            name = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+            for stem, src in stems.items():
+                if name in (f"test_{stem}", f"{stem}_test", f"{stem}.test", f"{stem}.spec"):
+                    test_reasons[k] = f"tests {src} (named after it)"
+    test_budget = int(tokens * TEST_SHARE) + max(0, neighbour_budget - spent)
+    spent = 0
+    named_first = sorted(test_reasons, key=lambda f: ("named" not in test_reasons[f], position[f]))
+    for t in named_first:
+        room = min(test_budget - spent, tokens - map_reserve - used)
+        item = _skeleton_item(root_path, paths[t], langs[t], "test", test_reasons[t], room)
+        if item:
+            items.append(item)
+            used += item.tokens
+            spent += item.tokens
+            chosen.add(paths[t])
+
+    # 4. the map of everything else, with all the budget left
+    map_text, entries = render_map(graph, ranking, tokens - used, exclude=chosen)
+    if map_text:
+        cost = count_tokens(map_text)
+        items.insert(
+            0,
+            PackItem(
+                kind="map",
+                reason=f"ranked map of {len(entries)} more files for orientation",
+                tokens=cost,
+                text=map_text,
+            ),
+        )
+        used += cost
+    return ContextPack(
+        root=str(root),
+        task=task,
+        budget=tokens,
+        tokens=used,
+        items=items,
+        ranking=[paths[i] for i in ranking.order[:20]],
+    )

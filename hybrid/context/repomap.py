@@ -1,0 +1,158 @@
+"""Repo maps: the ranked files of a checkout with their key signatures, under a token budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from hybrid.context.cache import TagCache
+from hybrid.context.graph import GraphData, build_graph
+from hybrid.context.index import Progress, RepoIndex, build_index
+from hybrid.context.rank import Mode, Ranking, rank
+from hybrid.context.text import count_tokens
+from hybrid.errors import ContextError
+
+_MAX_SIGNATURES_PER_FILE = 12
+
+
+class MapEntry(BaseModel):
+    """One file of the map."""
+
+    path: str
+    score: float
+    signatures: list[str] = Field(description="key definitions, most relevant first, in line order")
+    reasons: list[str]
+
+
+class RepoMap(BaseModel):
+    """A ranked map of a repository under a token budget."""
+
+    root: str
+    task: str
+    tokens: int = Field(description="tokens of `text` (hybrid.context.text.count_tokens)")
+    budget: int
+    files_total: int
+    entries: list[MapEntry]
+    text: str
+    files_without_symbols: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)
+
+
+def load_graph(
+    root: str | Path,
+    *,
+    cache: TagCache | None = None,
+    progress: Progress | None = None,
+    index: RepoIndex | None = None,
+) -> GraphData:
+    """The code graph of ``root``: loaded from the cache when nothing changed, else rebuilt."""
+    cache = cache if cache is not None else TagCache()
+    index = index if index is not None else build_index(root, cache=cache, progress=progress)
+    key = str(Path(root).resolve())
+    graph = cache.get_graph(key, index.fingerprint)
+    if graph is None:
+        graph = build_graph(index.payloads())
+        cache.put_graph(key, index.fingerprint, graph)
+    graph["_index"] = index
+    return graph
+
+
+def _symbol_lines(
+    graph: GraphData, ranking: Ranking, index: RepoIndex, path: str, limit: int
+) -> list[str]:
+    try:
+        tags = index.tags(path)
+    except ContextError:
+        return []
+    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    scored = []
+    for d in tags.definitions:
+        if d.kind == "local":
+            continue
+        j = sym_index.get(d.name)
+        s = float(ranking.symbol_score[j]) if j is not None else 0.0
+        if d.name in ranking.task.symbols:
+            s += 1.0
+        if d.name.startswith("__") and d.name.endswith("__"):
+            s *= 0.1
+        if d.kind in ("class", "interface", "module"):
+            s = s * 2 + 1e-6
+        scored.append((-s, d.line, d))
+    chosen = sorted(scored, key=lambda t: (t[0], t[1]))[:limit]
+    return [f"{d.line:>5}: {d.signature}" for _, _, d in sorted(chosen, key=lambda t: t[1])]
+
+
+def render_map(
+    graph: GraphData,
+    ranking: Ranking,
+    tokens: int,
+    *,
+    exclude: set[str] | None = None,
+    counter: Callable[[str], int] = count_tokens,
+) -> tuple[str, list[MapEntry]]:
+    """Text of the map for ``ranking`` that fits in ``tokens`` (whole files or nothing)."""
+    index: RepoIndex = graph["_index"]
+    paths = graph["paths"]
+    parts: list[str] = []
+    entries: list[MapEntry] = []
+    used = 0
+    exclude = exclude or set()
+    index.payloads([paths[i] for i in ranking.order[:200]])  # one batch read from the cache
+    for i in ranking.order:
+        path = paths[i]
+        if path in exclude:
+            continue
+        if used + 2 > tokens:
+            break
+        lines = _symbol_lines(graph, ranking, index, path, _MAX_SIGNATURES_PER_FILE)
+        block = path + (":\n" + "".join(f"  {ln}\n" for ln in lines) if lines else "\n")
+        cost = counter(block)
+        if used + cost > tokens:
+            # a shorter version of this file (path only) may still fit
+            block = path + "\n"
+            cost = counter(block)
+            lines = []
+            if used + cost > tokens:
+                continue
+        parts.append(block)
+        used += cost
+        entries.append(
+            MapEntry(
+                path=path,
+                score=round(float(ranking.score[i]), 6),
+                signatures=lines,
+                reasons=ranking.reasons.get(i, []),
+            )
+        )
+    return "".join(parts), entries
+
+
+def repo_map(
+    root: str | Path = ".",
+    task: str = "",
+    tokens: int = 2048,
+    *,
+    mode: Mode = "fused",
+    cache: TagCache | None = None,
+    progress: Progress | None = None,
+) -> RepoMap:
+    """Rank ``root``'s files for ``task`` and render the map within ``tokens``."""
+    if tokens < 1:
+        raise ContextError("the token budget must be positive")
+    graph = load_graph(root, cache=cache, progress=progress)
+    index: RepoIndex = graph["_index"]
+    ranking = rank(graph, task, mode)
+    text, entries = render_map(graph, ranking, tokens)
+    return RepoMap(
+        root=str(root),
+        task=task,
+        tokens=count_tokens(text) if text else 0,
+        budget=tokens,
+        files_total=len(graph["paths"]),
+        entries=entries,
+        text=text,
+        files_without_symbols=[p for p, n in zip(graph["paths"], graph.get("ndefs", []), strict=False) if n == 0],
+        skipped=[f"{p}: {why}" for p, why in index.skipped],
+    )
