@@ -1,0 +1,287 @@
+"""``hybrid check``: the built-in checks (csv, json, grep, redact, scope) in WebAssembly.
+
+Exit status: 0 the check passed (grep: something matched), 1 it found problems (grep: nothing
+matched), 2 bad input, 4 the sandboxed run ended abnormally (out of fuel, deadline, memory).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hybrid import checks
+from hybrid.cli._output import emit, json_option
+from hybrid.cli.wasm import budget_options, spec_from_options
+from hybrid.errors import InvalidInput
+from hybrid.policy import Budget
+from hybrid.results import Termination
+
+
+@click.group()
+def check() -> None:
+    """Built-in checks (csv, json, grep, redact, scope) in WebAssembly."""
+
+
+def _budget(policy_file: Path | None, fuel: int | None, memory: str | None, timeout: float | None) -> Budget | None:
+    if policy_file is None and fuel is None and memory is None and timeout is None:
+        return None
+    return spec_from_options(policy_file, fuel, memory, timeout).budget
+
+
+def _data(path: str) -> checks.Data:
+    """A file argument: ``-`` reads stdin."""
+    if path == "-":
+        return sys.stdin.buffer.read()
+    return Path(path)
+
+
+def _split(values: str | None) -> list[str]:
+    return [v.strip() for v in (values or "").split(",") if v.strip()]
+
+
+def _types(values: str | None) -> dict[str, str]:
+    types = {}
+    for item in _split(values):
+        column, sep, kind = item.partition("=")
+        if not sep or not column or not kind:
+            raise InvalidInput(f"--types {item!r}: use COLUMN=TYPE (int, float, bool, date, string)")
+        types[column] = kind
+    return types
+
+
+def _finish(report: checks.CheckReport, as_json: bool, render: Callable[[], None], passed: bool) -> None:
+    emit(report, as_json, render)
+    if report.termination is not Termination.OK:
+        click.echo(f"hybrid: error: check ended with {report.termination.value}: {report.detail}", err=True)
+        raise click.exceptions.Exit(4)
+    if not passed:
+        raise click.exceptions.Exit(1)
+
+
+def _usage_line(report: checks.CheckReport) -> str:
+    fuel = f", fuel {report.usage.fuel_used:,}" if report.usage.fuel_used is not None else ""
+    return f"({report.usage.wall_ms:.1f} ms in wasm{fuel})"
+
+
+def _with_budget(func: Any) -> Any:
+    return budget_options(func)
+
+
+@check.command("csv")
+@click.argument("file")
+@click.option("--require", help="Comma-separated columns that must exist.")
+@click.option("--types", "types_", help="Comma-separated COLUMN=TYPE (int, float, bool, date, string).")
+@click.option("--delimiter", default=",", show_default=True, help="One character; 'tab' for tabs.")
+@click.option("--allow-empty", is_flag=True, help="Empty cells pass the type checks.")
+@_with_budget
+@json_option
+def csv_cmd(
+    file: str,
+    require: str | None,
+    types_: str | None,
+    delimiter: str,
+    allow_empty: bool,
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Check a CSV FILE (or - for stdin): header, required columns, types, first bad row."""
+    report = checks.check_csv(
+        _data(file),
+        require=_split(require),
+        types=_types(types_),
+        delimiter=delimiter,
+        allow_empty=allow_empty,
+        budget=_budget(policy_file, fuel, memory, timeout),
+    )
+
+    def render() -> None:
+        click.echo(f"columns: {', '.join(report.columns) or '(none)'}")
+        click.echo(f"rows:    {report.rows}")
+        if report.missing:
+            click.echo(f"missing: {', '.join(report.missing)}")
+        if report.first_bad_row is not None:
+            bad = report.first_bad_row
+            click.echo(f"first bad row: line {bad.line}: {bad.reason}")
+        for problem in report.problems:
+            click.echo(f"problem: {problem}")
+        click.echo(("ok " if report.ok else "FAILED ") + _usage_line(report))
+
+    _finish(report, as_json, render, report.ok)
+
+
+@check.command("json")
+@click.argument("file")
+@click.option("--schema", "schema_file", type=click.Path(path_type=Path), help="A JSON schema (small subset) to validate against.")
+@click.option("--max-errors", default=100, show_default=True, help="Failures to list.")
+@_with_budget
+@json_option
+def json_cmd(
+    file: str,
+    schema_file: Path | None,
+    max_errors: int,
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Parse a JSON FILE (or - for stdin) and validate it against --schema."""
+    report = checks.check_json(
+        _data(file),
+        schema=schema_file,
+        max_errors=max_errors,
+        budget=_budget(policy_file, fuel, memory, timeout),
+    )
+
+    def render() -> None:
+        if report.syntax_error is not None:
+            err = report.syntax_error
+            click.echo(f"{file}:{err.line}:{err.column}: not valid JSON: {err.message}")
+        for failure in report.errors:
+            click.echo(f"{failure.path}: {failure.message}")
+        if report.error_count > len(report.errors):
+            click.echo(f"... and {report.error_count - len(report.errors)} more")
+        click.echo(("ok " if report.ok else "FAILED ") + _usage_line(report))
+
+    _finish(report, as_json, render, report.ok)
+
+
+@check.command("grep")
+@click.argument("pattern")
+@click.argument("directory", default=".")
+@click.option("-C", "--context", default=0, show_default=True, help="Lines of context around each match.")
+@click.option("-i", "--ignore-case", is_flag=True)
+@click.option("--glob", "globs", multiple=True, help="Only paths matching this glob (repeatable), e.g. '*.py'.")
+@click.option("--max", "max_matches", default=1000, show_default=True, help="Stop after this many matching lines.")
+@_with_budget
+@json_option
+def grep_cmd(
+    pattern: str,
+    directory: str,
+    context: int,
+    ignore_case: bool,
+    globs: tuple[str, ...],
+    max_matches: int,
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Search DIRECTORY (or one file) for PATTERN with a linear-time regex, read-only."""
+    report = checks.grep(
+        pattern,
+        directory,
+        ignore_case=ignore_case,
+        context=context,
+        max_matches=max_matches,
+        globs=globs,
+        budget=_budget(policy_file, fuel, memory, timeout),
+    )
+
+    def render() -> None:
+        for m in report.matches:
+            first = m.line - len(m.before)
+            for offset, line in enumerate(m.before):
+                click.echo(f"{m.path}-{first + offset}-{line}")
+            click.echo(f"{m.path}:{m.line}:{m.column}:{m.text}")
+            for offset, line in enumerate(m.after):
+                click.echo(f"{m.path}-{m.line + 1 + offset}-{line}")
+            if context:
+                click.echo("--")
+        more = " (stopped at --max)" if report.truncated else ""
+        click.echo(
+            f"{len(report.matches)} matching lines in {report.files_matched} of "
+            f"{report.files_scanned} files{more} {_usage_line(report)}",
+            err=True,
+        )
+
+    _finish(report, as_json, render, report.found)
+
+
+@check.command("redact")
+@click.argument("file", default="-")
+@click.option("--literal", "literals", multiple=True, help="A value to scrub wherever it appears (repeatable).")
+@click.option("--max-bytes", default=32 * 1024, show_default=True, help="Keep at most this much (head and tail).")
+@click.option("--no-entropy", is_flag=True, help="Do not scrub high-entropy tokens.")
+@click.option("--label", help="Source label put on the evidence marker.")
+@_with_budget
+@json_option
+def redact_cmd(
+    file: str,
+    literals: tuple[str, ...],
+    max_bytes: int,
+    no_entropy: bool,
+    label: str | None,
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Scrub secrets from FILE (default stdin), bound it and wrap it as untrusted evidence."""
+    report = checks.redact(
+        _data(file),
+        literals=literals,
+        max_bytes=max_bytes,
+        entropy=not no_entropy,
+        label=label,
+        budget=_budget(policy_file, fuel, memory, timeout),
+    )
+
+    def render() -> None:
+        click.echo(report.text)
+        counts = ", ".join(f"{kind} {n}" for kind, n in sorted(report.counts.items())) or "nothing"
+        cut = f"; cut {report.cut_bytes} bytes" if report.truncated else ""
+        click.echo(f"redacted: {counts}{cut}", err=True)
+
+    _finish(report, as_json, render, True)
+
+
+@check.command("scope")
+@click.argument("diff")
+@click.option("--allow", "allow", multiple=True, help="Allowed path prefix (repeatable); default: anywhere.")
+@click.option("--deny", "deny", multiple=True, help="Extra denied glob (repeatable), e.g. 'docs/**'.")
+@click.option("--allow-lockfiles", is_flag=True, help="Let the patch touch lockfiles.")
+@click.option("--no-default-deny", is_flag=True, help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).")
+@_with_budget
+@json_option
+def scope_cmd(
+    diff: str,
+    allow: tuple[str, ...],
+    deny: tuple[str, ...],
+    allow_lockfiles: bool,
+    no_default_deny: bool,
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Decide whether the unified DIFF (a file, or - for stdin) is reviewable or blocked."""
+    report = checks.scope(
+        _data(diff),
+        allow=allow,
+        deny=deny,
+        allow_lockfiles=allow_lockfiles,
+        default_deny=not no_default_deny,
+        budget=_budget(policy_file, fuel, memory, timeout),
+    )
+
+    def render() -> None:
+        for f in report.files:
+            name = f"{f.old_path} -> {f.path}" if f.old_path else f.path
+            binary = " binary" if f.binary else ""
+            click.echo(f"{f.status:<9} {name}  +{f.additions} -{f.deletions}{binary}")
+        for v in report.violations:
+            click.echo(f"violation: {v.path}: {v.rule}" + (f" ({v.pattern})" if v.pattern else ""))
+        click.echo(f"{report.decision} {_usage_line(report)}")
+
+    _finish(report, as_json, render, report.ok)
