@@ -31,7 +31,9 @@ class WorkstationInfo(BaseModel):
     image: str
     status: str = Field(description="running, exited, created, ...")
     created: str
-    persistent: bool = Field(description="False for one-shot and library-scoped workstations (gc removes them once their owner is gone).")
+    persistent: bool = Field(
+        description="False for one-shot and library-scoped workstations (gc removes them once their owner is gone)."
+    )
     snapshot_of: str | None = Field(None, description="The snapshot it started from, if any.")
 
 
@@ -112,7 +114,10 @@ class Workstation(Protocol):
     def __enter__(self) -> Self: ...
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None: ...
 
 

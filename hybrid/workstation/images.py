@@ -22,7 +22,15 @@ from hybrid.workstation import docker as _docker
 BASE_IMAGE = os.environ.get("HYBRID_BASE_IMAGE", "hybrid/base:bookworm")
 # What a workstation needs to build and test a Python project: the interpreter, venv + pip for
 # dependencies, pytest, git (for diffs), procps (so a person in `ws shell` can see processes).
-PACKAGES = ("python3", "python3-venv", "python3-pip", "python3-pytest", "git", "procps", "ca-certificates")
+PACKAGES = (
+    "python3",
+    "python3-venv",
+    "python3-pip",
+    "python3-pytest",
+    "git",
+    "procps",
+    "ca-certificates",
+)
 AGENT_UID = 1000
 _SOURCES_DIRS = (Path("/etc/apt/sources.list.d"), Path("/etc/apt"))
 
@@ -34,7 +42,9 @@ class ImageInfo(BaseModel):
     id: str
     size_bytes: int
     created: str = Field(description="Creation time as the engine reports it.")
-    built: bool = Field(False, description="True when this call built it; False when it was already present.")
+    built: bool = Field(
+        False, description="True when this call built it; False when it was already present."
+    )
 
 
 def _codename() -> str:
@@ -59,7 +69,9 @@ def find_mirror(suite: str | None = None) -> str:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        found = _deb822_mirror(text, suite) if path.suffix == ".sources" else _list_mirror(text, suite)
+        found = (
+            _deb822_mirror(text, suite) if path.suffix == ".sources" else _list_mirror(text, suite)
+        )
         if found:
             return found.rstrip("/")
     raise EngineUnavailable(
@@ -99,7 +111,12 @@ def get(tag: str = BASE_IMAGE) -> ImageInfo | None:
             image = client.images.get(tag)
         except _docker.errors.ImageNotFound:
             return None
-    return ImageInfo(tag=tag, id=image.id, size_bytes=image.attrs.get("Size", 0), created=image.attrs.get("Created", ""))
+    return ImageInfo(
+        tag=tag,
+        id=image.id,
+        size_bytes=image.attrs.get("Size", 0),
+        created=image.attrs.get("Created", ""),
+    )
 
 
 def bootstrap(
@@ -141,7 +158,9 @@ def bootstrap(
         _prepare_rootfs(rootfs)
         progress("packing the root filesystem")
         archive = work / "rootfs.tar"
-        subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(archive), "."], check=True)
+        subprocess.run(
+            ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(archive), "."], check=True
+        )
         progress(f"importing as {tag}")
         repository, version = tag.rsplit(":", 1)
         client = _docker.client()
@@ -160,7 +179,9 @@ def bootstrap(
                 ],
             )
     except subprocess.CalledProcessError as exc:
-        raise WorkstationError(f"building the base image failed: {' '.join(map(str, exc.cmd))} exited {exc.returncode}") from None
+        raise WorkstationError(
+            f"building the base image failed: {' '.join(map(str, exc.cmd))} exited {exc.returncode}"
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     info = get(tag)

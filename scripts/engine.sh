@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Bring up the container tiers on this machine, idempotently:
+#   install docker.io, runsc (gVisor) and debootstrap when missing,
+#   write a daemon config that registers runsc, start dockerd when it is not running,
+#   wait for the engine, and build the base workstation image once (reused when present).
+# Needs root. Safe to run again at any time.
+set -euo pipefail
+
+ENGINE_DIR="${HYBRID_ENGINE_DIR:-/var/lib/hybrid-engine}"
+CONFIG="$ENGINE_DIR/daemon.json"
+LOG="${HYBRID_ENGINE_LOG:-/var/log/hybrid-dockerd.log}"
+IMAGE="${HYBRID_BASE_IMAGE:-hybrid/base:bookworm}"
+
+log() { echo "engine.sh: $*" >&2; }
+
+missing=()
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v runsc >/dev/null 2>&1 || missing+=(runsc)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+mkdir -p "$ENGINE_DIR"
+RUNSC="$(command -v runsc)"
+# runsc must run with --network=none: this host cannot give it a network namespace of its own
+# ("cannot run with network enabled in root network namespace"); ptrace is the platform that works.
+cat > "$CONFIG.new" <<JSON
+{
+  "exec-opts": ["native.cgroupdriver=cgroupfs"],
+  "runtimes": {
+    "runsc": {"path": "$RUNSC", "runtimeArgs": ["--network=none", "--platform=ptrace"]}
+  }
+}
+JSON
+mv "$CONFIG.new" "$CONFIG"
+
+engine_up() { timeout 10 docker info >/dev/null 2>&1; }
+
+if ! engine_up; then
+    if [ -S /var/run/docker.sock ] && ! pgrep -x dockerd >/dev/null 2>&1; then
+        rm -f /var/run/docker.sock /var/run/docker.pid  # left by a dockerd that died
+    fi
+    if ! pgrep -x dockerd >/dev/null 2>&1; then
+        log "starting dockerd (log: $LOG)"
+        setsid nohup dockerd --config-file "$CONFIG" >>"$LOG" 2>&1 < /dev/null &
+    fi
+    for _ in $(seq 1 120); do
+        engine_up && break
+        sleep 0.5
+    done
+    if ! engine_up; then
+        log "dockerd did not come up; last lines of $LOG:"
+        tail -n 20 "$LOG" >&2 || true
+        exit 1
+    fi
+fi
+
+if ! docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
+    log "warning: the running dockerd was started without runsc; restart it with --config-file $CONFIG"
+fi
+
+if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    log "building the base image $IMAGE (debootstrap, about a minute)"
+    if command -v hybrid >/dev/null 2>&1; then
+        hybrid image bootstrap --tag "$IMAGE"
+    else
+        python3 -c "from hybrid.cli import main; main()" image bootstrap --tag "$IMAGE"
+    fi
+fi
+log "engine ready ($(docker version --format '{{.Server.Version}}'), image $IMAGE)"
