@@ -3,4 +3,12 @@
 from hybrid.wasm.python.guest import build, component, is_ready
 from hybrid.wasm.python.runner import DEFAULT_SPEC, InputFiles, available_modules, run_python
 
-__all__ = ["DEFAULT_SPEC", "InputFiles", "available_modules", "build", "component", "is_ready", "run_python"]
+__all__ = [
+    "DEFAULT_SPEC",
+    "InputFiles",
+    "available_modules",
+    "build",
+    "component",
+    "is_ready",
+    "run_python",
+]

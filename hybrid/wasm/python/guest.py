@@ -131,7 +131,9 @@ def _componentize(root: Path, target: Path) -> None:
         )
         if proc.returncode != 0 or not Path(tmp).stat().st_size:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-            raise EngineUnavailable(f"building the python-wasm guest failed (componentize-py): {tail}")
+            raise EngineUnavailable(
+                f"building the python-wasm guest failed (componentize-py): {tail}"
+            )
         os.replace(tmp, target)
     except subprocess.TimeoutExpired:
         raise EngineUnavailable(

@@ -9,11 +9,16 @@ outcomes and a traceback restricted to the user's own files.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
+import itertools
 import json
+import os
 import shutil
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -33,7 +38,9 @@ TIER = "python-wasm"
 
 DEFAULT_SPEC = SandboxSpec(
     tier="python-wasm",
-    budget=Budget(wall_seconds=10.0, memory=256 * 1024**2, fuel=20_000_000_000, output_bytes=1024**2),
+    budget=Budget(
+        wall_seconds=10.0, memory=256 * 1024**2, fuel=20_000_000_000, output_bytes=1024**2
+    ),
 )
 """10 s, 256 MiB, 2e10 fuel (about 1.5 s of pure-Python work), 1 MiB of each output stream."""
 
@@ -50,17 +57,21 @@ InputFiles = Mapping[str, bytes | str | Path] | Sequence[str | Path]
 """Input files: a mapping of name -> content (bytes, text or a host Path), or host paths
 (each visible under its base name)."""
 
-_local = threading.local()
+_linker_lock = threading.Lock()
+_shared_linker: Linker | None = None
 
 
 def _linker() -> Linker:
-    # One Linker per thread: cheap to keep, never shared by concurrent instantiations.
-    linker = getattr(_local, "linker", None)
-    if linker is None:
-        linker = Linker(_engine.engine())
-        linker.add_wasip2()
-        _local.linker = linker
-    return linker
+    # One Linker for every thread: building one (add_wasip2) costs ~2 ms, and instantiating
+    # through it only reads it (wasmtime's Linker is Sync), so concurrent runs may share it.
+    global _shared_linker
+    if _shared_linker is None:
+        with _linker_lock:
+            if _shared_linker is None:
+                linker = Linker(_engine.engine())
+                linker.add_wasip2()
+                _shared_linker = linker
+    return _shared_linker
 
 
 def run_python(
@@ -96,17 +107,17 @@ def run_python(
             "wall_seconds": budget.wall_seconds,
         }
     )
-    run_dir = Path(tempfile.mkdtemp(prefix="hybrid-py-"))
-    outcome = _Outcome(run_dir)
+    outcome = _Outcome()
     try:
-        files_dir = run_dir / "files"
-        files_dir.mkdir()
-        _stage_files(files, files_dir)
+        run_id = next(_counter)
+        root = _scratch_root()
+        files_dir = _staged(files, root)
         wasi = wasmtime.WasiConfig()
         wasi.argv = ["python", filename]
         wasi.env = sorted(spec.env.resolve().items())
-        out = OutputPipe(run_dir / "stdout", budget.output_bytes)
-        err = OutputPipe(run_dir / "stderr", budget.output_bytes)
+        out = OutputPipe(root / f"{run_id}-stdout", budget.output_bytes)
+        outcome.pipes = (out,)
+        err = OutputPipe(root / f"{run_id}-stderr", budget.output_bytes)
         outcome.pipes = (out, err)
         wasi.stdout_file = str(out.path)
         wasi.stderr_file = str(err.path)
@@ -115,7 +126,9 @@ def run_python(
         for mount in spec.mounts:
             source_path = mount.source.expanduser()
             if not source_path.is_dir():
-                raise InvalidInput(f"{source_path}: not a directory (the wasm tiers grant directories only)")
+                raise InvalidInput(
+                    f"{source_path}: not a directory (the wasm tiers grant directories only)"
+                )
             wasi.preopen_dir(str(source_path), mount.target, mount.mode == "rw")
         for pipe in outcome.pipes:
             pipe.start()
@@ -142,11 +155,28 @@ def run_python(
     return outcome.result(budget)
 
 
+_counter = itertools.count()
+_root_lock = threading.Lock()
+_root: Path | None = None
+
+
+def _scratch_root() -> Path:
+    """A private directory per process for the runs' pipes and input files (removed at exit)."""
+    global _root
+    if _root is None:
+        with _root_lock:
+            if _root is None:
+                root = Path(tempfile.mkdtemp(prefix="hybrid-py-"))
+                (root / "empty").mkdir(mode=0o500)
+                atexit.register(shutil.rmtree, root, ignore_errors=True)
+                _root = root
+    return _root
+
+
 class _Outcome:
     """State of one run, finished by the worker thread (which also cleans up)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
+    def __init__(self) -> None:
         self.pipes: tuple[OutputPipe, ...] = ()
         self.store: wasmtime.Store | None = None
         self.response: dict[str, Any] | None = None
@@ -188,13 +218,13 @@ class _Outcome:
     def cleanup(self) -> None:
         for pipe in self.pipes:
             pipe.finish()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+            pipe.path.unlink(missing_ok=True)
 
     def abandon(self, budget: Budget, wall_ms: float) -> ExecutionResult:
         """The guest is still blocked in a host call past its deadline: report the timeout now.
 
         The worker finishes on its own (the epoch deadline stops the guest at its next
-        instruction once the host call returns) and then removes the run directory.
+        instruction once the host call returns) and then removes the run's files.
         """
         out, err = self.pipes
         stdout, stdout_cut = bytes(out.data), out.overflowed
@@ -235,7 +265,8 @@ class _Outcome:
                     detail = f"exit status {exit_code}"
         fuel_used = None if self.fuel_left is None else budget.fuel - self.fuel_left
         if termination is Termination.TIMEOUT and fuel_used == 0:
-            fuel_used = None  # an interrupt inside pure wasm code does not write the fuel counter back
+            # An interrupt inside pure wasm code does not write the fuel counter back.
+            fuel_used = None
         if stdout_cut or stderr_cut:
             termination = Termination.OUTPUT_LIMIT
             detail = f"output over {budget.output_bytes} bytes was cut"
@@ -268,33 +299,74 @@ def _bound(text: str | None) -> str | None:
     return f"{text[:head]}\n... {cut} characters cut ...\n{text[-tail:]}"
 
 
-def _stage_files(files: InputFiles | None, target: Path) -> None:
-    """Copy the input files into the run's private directory (the guest's working directory)."""
+STAGED_SETS = 16
+"""How many distinct sets of input files stay staged (an agent's loop reuses the same inputs)."""
+
+_staged_lock = threading.Lock()
+_staged_sets: OrderedDict[str, Path] = OrderedDict()
+
+
+def _staged(files: InputFiles | None, root: Path) -> Path:
+    """A read-only directory holding exactly ``files``: the guest's working directory.
+
+    Directories are keyed by the files' names and contents, so repeated runs with the same
+    inputs reuse one (the guest cannot write to it), and the least recently used is removed.
+    """
     if not files:
-        return
-    items: list[tuple[str, bytes | str | Path]]
-    if isinstance(files, Mapping):
-        items = list(files.items())
-    else:
-        items = [(Path(p).name, Path(p)) for p in files]
-    total = 0
-    for name, content in items:
-        rel = PurePosixPath(name)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-            raise InvalidInput(f"input file name {name!r} must be a relative path without '..'")
-        dest = target.joinpath(*rel.parts)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, Path):
-            if not content.is_file():
-                raise InvalidInput(f"{content}: no such input file")
-            total += content.stat().st_size
-            _check_total(total)
-            shutil.copyfile(content, dest)
-        else:
-            data = content.encode() if isinstance(content, str) else content
-            total += len(data)
-            _check_total(total)
+        return root / "empty"
+    items = _read_inputs(files)
+    digest = hashlib.sha256()
+    for name, data in items:
+        digest.update(f"{name}\0{len(data)}\0".encode())
+        digest.update(data)
+    key = digest.hexdigest()[:24]
+    with _staged_lock:
+        path = _staged_sets.get(key)
+        if path is not None:
+            _staged_sets.move_to_end(key)
+            return path
+        tmp = Path(tempfile.mkdtemp(prefix=".stage-", dir=root))
+        for name, data in items:
+            dest = tmp.joinpath(*PurePosixPath(name).parts)
+            dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
+        path = root / f"inputs-{key}"
+        os.replace(tmp, path)
+        _staged_sets[key] = path
+        while len(_staged_sets) > STAGED_SETS:
+            # A run still using an evicted directory keeps its open preopen handle (Linux
+            # semantics), so removing it under a running guest is safe.
+            _, old = _staged_sets.popitem(last=False)
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+
+def _read_inputs(files: InputFiles) -> list[tuple[str, bytes]]:
+    if isinstance(files, Mapping):
+        pairs = list(files.items())
+    else:
+        pairs = [(Path(p).name, Path(p)) for p in files]
+    items: list[tuple[str, bytes]] = []
+    total = 0
+    for name, content in pairs:
+        rel = PurePosixPath(name)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts == (".",):
+            raise InvalidInput(f"input file name {name!r} must be a relative path without '..'")
+        if isinstance(content, Path):
+            try:
+                data = content.read_bytes()
+            except FileNotFoundError:
+                raise InvalidInput(f"{content}: no such input file") from None
+            except IsADirectoryError:
+                raise InvalidInput(f"{content}: is a directory; pass the files inside it") from None
+            except OSError as exc:
+                raise InvalidInput(f"{content}: cannot read: {exc.strerror}") from None
+        else:
+            data = content.encode() if isinstance(content, str) else bytes(content)
+        total += len(data)
+        _check_total(total)
+        items.append((rel.as_posix(), data))
+    return items
 
 
 def _check_total(total: int) -> None:

@@ -1,0 +1,561 @@
+"""Guest side of the python-wasm tier: runs one snippet (and its tests) per fresh instance.
+
+componentize-py snapshots this module after it is imported at build time, so everything
+imported here is what a snippet can import; nothing else exists at run time (there is no
+standard library on a file system inside the sandbox). The host sends one JSON request to
+``run`` and gets one JSON response back; the snippet's own output goes to WASI stdout/stderr,
+which the host captures through bounded pipes.
+"""
+
+import ast
+import builtins
+import contextlib
+import gc
+import importlib
+import io
+import json
+import linecache
+import math
+import pkgutil
+import select
+import sys
+import time
+import traceback
+
+import wit_world
+
+# --- Blocking host calls -------------------------------------------------------------------
+# A sleep or a select is a host call, and the host's epoch deadline cannot interrupt a host
+# call. Cap every timeout at the time left before the run's deadline (plus a margin), so the
+# guest wakes up just after the deadline and the epoch check stops it at its next instruction.
+# These patches are applied before the rest of the standard library is imported, so modules
+# that bind ``select.poll``/``select.select`` at import time (selectors, asyncio) get them.
+
+_DEADLINE_MARGIN = 0.05
+_deadline = math.inf
+_real_sleep = time.sleep
+_real_select = select.select
+_real_poll = select.poll
+
+
+def _cap(seconds):
+    left = _deadline - time.monotonic()
+    if seconds is None or seconds > left:
+        return max(left, 0.0) + _DEADLINE_MARGIN
+    return seconds
+
+
+def _sleep(seconds):
+    if isinstance(seconds, int | float) and seconds > 0:
+        seconds = _cap(seconds)
+    return _real_sleep(seconds)
+
+
+def _select(rlist, wlist, xlist, timeout=None):
+    if timeout is None or (isinstance(timeout, int | float) and timeout > 0):
+        timeout = _cap(timeout)
+    return _real_select(rlist, wlist, xlist, timeout)
+
+
+class _Poll:
+    """select.poll with its timeout (milliseconds) capped at the run's deadline."""
+
+    def __init__(self):
+        self._poll = _real_poll()
+
+    def register(self, fd, eventmask=select.POLLIN | select.POLLPRI | select.POLLOUT):
+        return self._poll.register(fd, eventmask)
+
+    def modify(self, fd, eventmask):
+        return self._poll.modify(fd, eventmask)
+
+    def unregister(self, fd):
+        return self._poll.unregister(fd)
+
+    def poll(self, timeout=None):
+        if timeout is None or (isinstance(timeout, int | float) and timeout < 0):
+            timeout = _cap(None) * 1000
+        elif isinstance(timeout, int | float):
+            timeout = _cap(timeout / 1000) * 1000
+        return self._poll.poll(math.ceil(timeout))
+
+
+time.sleep = _sleep
+select.select = _select
+select.poll = _Poll
+
+# --- The bundled standard library ----------------------------------------------------------
+# Every standard library module this CPython build can import, with all submodules, except the
+# ones that make no sense without a terminal, a GUI, processes or a network. Importing them all
+# (not a hand-picked list) matters: the standard library imports helpers lazily at run time
+# (datetime.strptime -> _strptime, ast.unparse -> _ast_unparse, big int -> _pylong), and a
+# lazy import of a module that was not snapshotted fails.
+
+_EXCLUDED = frozenset(
+    (
+        *("__hello__", "__phello__", "_pyrepl", "antigravity", "curses", "ensurepip", "idlelib"),
+        *("lib2to3", "msvcrt", "nt", "pydoc", "pydoc_data", "readline", "test", "this"),
+        *("tkinter", "turtle", "turtledemo", "venv", "webbrowser", "winreg", "winsound"),
+        *("_tkinter", "_winapi", "_overlapped", "_msi", "_wmi", "_android_support"),
+        *("_apple_support", "_ios_support", "_osx_support", "_aix_support"),
+    )
+)
+_EXCLUDED_PARTS = frozenset(("test", "tests", "idle_test", "__main__"))
+
+
+def _import_all():
+    for name in sorted(sys.stdlib_module_names - _EXCLUDED):
+        try:
+            module = importlib.import_module(name)
+        except Exception:
+            continue
+        path = getattr(module, "__path__", None)
+        if not path:
+            continue
+        for info in pkgutil.walk_packages(path, name + ".", onerror=lambda _: None):
+            if _EXCLUDED_PARTS.intersection(info.name.split(".")):
+                continue
+            with contextlib.suppress(Exception):
+                importlib.import_module(info.name)
+
+
+_import_all()
+
+# What a snippet may import: everything loaded now (the snapshot), and nothing else.
+AVAILABLE = frozenset(sys.modules)
+
+
+class _Unavailable:
+    """Last meta-path finder: a module that is not bundled gets a message naming the way out."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in sys.stdlib_module_names:
+            what = f"the standard library module {name!r} is not bundled in the python-wasm tier"
+        else:
+            what = f"{name!r} is not installed in the python-wasm tier (standard library only)"
+        error = ModuleNotFoundError(
+            f"No module named {name!r}: {what}; run code that needs it in the container tier "
+            "(tier=docker), see docs/python-stdlib.md for what is bundled",
+            name=name,
+        )
+        raise error
+
+    @staticmethod
+    def invalidate_caches():
+        pass
+
+
+sys.meta_path.append(_Unavailable)
+
+# --- Running a snippet ---------------------------------------------------------------------
+
+_MAX_FRAMES = 30
+_NAME_CHARS = 200
+
+
+class _Exit(Exception):
+    """The snippet called sys.exit(); carries the status."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+def _exit_status(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    with contextlib.suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _describe(exc):
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _user_traceback(exc, files, where=None):
+    """The traceback of ``exc`` with the harness frames removed (only the user's files).
+
+    ``where`` (filename, line) names the test line when the error was raised by the harness
+    itself (a failed assert), which leaves no user frame of its own.
+    """
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, limit=None)
+    _keep_user_frames(te, files)
+    if where is not None and not te.stack:
+        te.stack = traceback.StackSummary.from_list(
+            [traceback.FrameSummary(where[0], where[1], "<module>")]
+        )
+    lines = list(te.format())
+    return "".join(lines)
+
+
+def _keep_user_frames(te, files):
+    frames = [f for f in te.stack if f.filename in files]
+    if len(frames) > _MAX_FRAMES:
+        frames = frames[:5] + frames[-(_MAX_FRAMES - 5) :]
+    te.stack = traceback.StackSummary.from_list(frames)
+    for chained in (te.__cause__, te.__context__):
+        if chained is not None:
+            _keep_user_frames(chained, files)
+
+
+def _register(filename, source):
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+_COMPARISONS = (
+    (ast.Eq, "==", lambda a, b: a == b),
+    (ast.NotEq, "!=", lambda a, b: a != b),
+    (ast.Lt, "<", lambda a, b: a < b),
+    (ast.LtE, "<=", lambda a, b: a <= b),
+    (ast.Gt, ">", lambda a, b: a > b),
+    (ast.GtE, ">=", lambda a, b: a >= b),
+    (ast.Is, "is", lambda a, b: a is b),
+    (ast.IsNot, "is not", lambda a, b: a is not b),
+    (ast.In, "in", lambda a, b: a in b),
+    (ast.NotIn, "not in", lambda a, b: a not in b),
+)
+_OP_INDEX = {op: i for i, (op, _, _) in enumerate(_COMPARISONS)}
+_HOOK = "__hybrid_tests__"
+_ERROR = "__hybrid_error__"
+
+
+def _short_repr(value):
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _stmt_name(node, source):
+    """A test's name: its source text on one line, shortened."""
+    # Slicing the lines ourselves: ast.get_source_segment costs ~0.5 ms per call in the guest.
+    lines = source.splitlines()[node.lineno - 1 : node.end_lineno]
+    if lines:
+        lines[-1] = lines[-1][: node.end_col_offset]
+        lines[0] = lines[0][node.col_offset :]
+    segment = " ".join(" ".join(lines).split())
+    return segment if len(segment) <= _NAME_CHARS else segment[: _NAME_CHARS - 3] + "..."
+
+
+def _is_test_function(node):
+    return isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
+
+
+def _test_items(tree, source):
+    for node in tree.body:
+        if isinstance(node, ast.Assert):
+            yield _stmt_name(node, source)
+        elif _is_test_function(node):
+            yield node.name
+
+
+def _thunk(expr):
+    """``lambda: expr`` at the expression's own source location (tracebacks point at it)."""
+    node = ast.Lambda(
+        args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=expr,
+    )
+    return ast.copy_location(node, expr)
+
+
+def _hook_call(method, args, where):
+    call = ast.Call(
+        func=ast.Attribute(value=ast.Name(id=_HOOK, ctx=ast.Load()), attr=method, ctx=ast.Load()),
+        args=args,
+        keywords=[],
+    )
+    return ast.copy_location(ast.Expr(value=call), where)
+
+
+class _Tests:
+    """Runs a test file as ONE compiled module: each top-level assert becomes a recorded check,
+    every other statement runs guarded (a failing setup line is recorded, the rest still run),
+    then each ``test*`` function is called. One compile keeps the run cheap."""
+
+    def __init__(self, run, source, filename):
+        self.run = run
+        self.source = source
+        self.filename = filename
+        self.names = []
+        self.texts = []
+        self.lines = []
+
+    def transform(self, tree):
+        functions = []
+        body = []
+        for node in tree.body:
+            if isinstance(node, ast.Assert):
+                body.append(self._assert(node))
+            elif _is_test_function(node):
+                body.append(node)
+                functions.append(node.name)
+            else:
+                handler = ast.ExceptHandler(
+                    type=ast.Name(id="BaseException", ctx=ast.Load()),
+                    name=_ERROR,
+                    body=[
+                        _hook_call(
+                            "setup_failed",
+                            [ast.Constant(node.lineno), ast.Name(id=_ERROR, ctx=ast.Load())],
+                            node,
+                        )
+                    ],
+                )
+                guarded = ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[])
+                body.append(ast.copy_location(guarded, node))
+        tree.body = body
+        return ast.fix_missing_locations(tree), functions
+
+    def _assert(self, node):
+        index = len(self.names)
+        self.names.append(_stmt_name(node, self.source))
+        self.lines.append(node.lineno)
+        test = node.test
+        message = _thunk(node.msg) if node.msg is not None else ast.Constant(None)
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OP_INDEX:
+            self.texts.append("")
+            args = [
+                ast.Constant(index),
+                ast.Constant(_OP_INDEX[type(test.ops[0])]),
+                _thunk(test.left),
+                _thunk(test.comparators[0]),
+                message,
+            ]
+        else:
+            self.texts.append("assert " + ast.unparse(test))
+            args = [
+                ast.Constant(index),
+                ast.Constant(-1),
+                _thunk(test),
+                ast.Constant(None),
+                message,
+            ]
+        return _hook_call("check", args, node)
+
+    def check(self, index, op, left, right, message):
+        name = self.names[index]
+        try:
+            if op < 0:
+                passed, text = left(), self.texts[index]
+            else:
+                _, symbol, compare = _COMPARISONS[op]
+                a, b = left(), right()
+                passed = compare(a, b)
+                text = f"assert {_short_repr(a)} {symbol} {_short_repr(b)}"
+            if not passed:
+                if message is not None:
+                    text = f"{message()}\n{text}"
+                raise AssertionError(text)
+        except BaseException as exc:  # every failure is a test outcome
+            self.run.record(name, exc, (self.filename, self.lines[index]))
+            return
+        self.run.record(name, None)
+
+    def setup_failed(self, lineno, exc):
+        self.run.record(f"{self.filename}:{lineno}", exc)
+
+    def call(self, name, func):
+        try:
+            result = func()
+            if hasattr(result, "__await__"):
+                import asyncio
+
+                asyncio.run(result)
+        except BaseException as exc:
+            self.run.record(name, exc)
+            return
+        self.run.record(name, None)
+
+
+class _Run:
+    def __init__(self, request):
+        self.source = request["source"]
+        self.filename = request.get("filename") or "snippet.py"
+        self.tests = request.get("tests")
+        self.tests_filename = request.get("tests_filename") or "tests.py"
+        self.files = {self.filename, self.tests_filename}
+        self.outcomes = []
+        self.exit_code = 0
+        self.error = None
+        self.traceback = None
+        self.memory_error = False
+
+    def fail(self, exc, where=None):
+        """Record an uncaught error as the run's error (the first one wins the traceback)."""
+        if isinstance(exc, MemoryError):
+            self.memory_error = True
+        if self.traceback is None:
+            self.error = _describe(exc)
+            self.traceback = _user_traceback(exc, self.files, where)
+
+    def record(self, name, exc, where=None):
+        if exc is None:
+            self.outcomes.append({"name": name, "passed": True, "message": ""})
+            return
+        if isinstance(exc, SystemExit):
+            message = f"SystemExit: {exc.code}"
+        else:
+            self.fail(exc, where)
+            message = _describe(exc)
+        self.outcomes.append({"name": name, "passed": False, "message": message})
+
+    def execute(self):
+        namespace = {"__name__": "__main__", "__builtins__": builtins, "__file__": self.filename}
+        _register(self.filename, self.source)
+        try:
+            code = compile(self.source, self.filename, "exec")
+            exec(code, namespace)
+        except SystemExit as exc:
+            self.exit_code = _exit_status(exc.code)
+            self._skip_tests(f"not run: the snippet exited with status {self.exit_code}")
+            return
+        except BaseException as exc:  # the snippet's own errors are the evidence
+            self.fail(exc)
+            self.exit_code = 1
+            self._skip_tests(f"not run: the snippet raised {self.error}")
+            return
+        if self.tests is not None:
+            self._run_tests(namespace)
+        if any(not o["passed"] for o in self.outcomes):
+            self.exit_code = 1
+
+    def _skip_tests(self, message):
+        if not self.tests:
+            return
+        try:
+            tree = ast.parse(self.tests, self.tests_filename)
+        except SyntaxError:
+            return
+        for name in _test_items(tree, self.tests):
+            self.outcomes.append({"name": name, "passed": False, "message": message})
+
+    def _run_tests(self, namespace):
+        _register(self.tests_filename, self.tests)
+        try:
+            tree = ast.parse(self.tests, self.tests_filename)
+        except SyntaxError as exc:
+            self.record(self.tests_filename, exc)
+            return
+        tests = _Tests(self, self.tests, self.tests_filename)
+        tree, functions = tests.transform(tree)
+        namespace[_HOOK] = tests
+        try:
+            exec(compile(tree, self.tests_filename, "exec"), namespace)
+            for name in functions:
+                func = namespace.get(name)
+                if callable(func):
+                    tests.call(name, func)
+        finally:
+            namespace.pop(_HOOK, None)
+            namespace.pop(_ERROR, None)
+
+
+def _flush():
+    broken = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # a closed pipe (output cap) must not lose the result
+            broken = True
+    return broken
+
+
+def _modules():
+    names = sorted(name for name in AVAILABLE if not name.startswith("_") and "._" not in name)
+    return {"modules": [n for n in names if n not in ("app", "wit_world", "site")]}
+
+
+def _handle(request):
+    global _deadline
+    if request.get("op") == "modules":
+        return _modules()
+    _deadline = time.monotonic() + float(request.get("wall_seconds") or math.inf)
+    run = _Run(request)
+    try:
+        run.execute()
+    except MemoryError as exc:
+        run.fail(exc)
+        run.exit_code = 1
+    except BaseException as exc:  # a harness bug must still produce a response
+        run.exit_code = 1
+        run.error = f"internal error in the python-wasm harness: {_describe(exc)}"
+        run.traceback = "".join(traceback.format_exception(exc))
+    broken = _flush()
+    return {
+        "exit_code": run.exit_code,
+        "error": run.error,
+        "traceback": run.traceback,
+        "tests": run.outcomes,
+        "memory_error": run.memory_error,
+        "output_broken": broken,
+    }
+
+
+class WitWorld(wit_world.WitWorld):
+    def run(self, request: str) -> str:
+        return json.dumps(_handle(json.loads(request)))
+
+
+# --- Warm-up -------------------------------------------------------------------------------
+# Run representative requests once at build time, so the snapshot every instance starts from
+# already has the interpreter's specialised bytecode and lazily built caches (the parser, codec
+# lookups, csv, json, traceback formatting) of the harness paths. It halves the per-run cost.
+# Nothing of it is visible to a snippet: the namespace and the line cache are dropped after.
+
+_WARM_SNIPPET = """
+import csv, io, json, re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+
+CARD = "weight,zone,cost_usd\\n5.0,zone_3,12.50\\n"
+
+def calculate_shipping(weight_kg, zone):
+    for row in csv.DictReader(io.StringIO(CARD)):
+        if float(row["weight"]) == weight_kg and row["zone"] == zone:
+            return float(row["cost_usd"])
+    raise KeyError(zone)
+
+json.loads(json.dumps({"a": [1, 2.5, None]}))
+re.sub(r"\\s+", " ", "a  b")
+date(2024, 1, 1) + timedelta(days=1)
+datetime.strptime("2024-01-02", "%Y-%m-%d")
+Decimal("1.10") + Decimal("2.20")
+"""
+_WARM_TESTS = """
+assert calculate_shipping(5.0, "zone_3") == 12.50
+assert calculate_shipping(2.0, "zone_1") == 8.00, "no rate"
+assert isinstance(calculate_shipping(5.0, "zone_3"), float)
+def test_one():
+    assert calculate_shipping(5.0, "zone_3") > 1
+"""
+
+
+def _warm_up():
+    for _ in range(3):
+        _handle({"op": "run", "source": _WARM_SNIPPET, "tests": _WARM_TESTS, "wall_seconds": 60})
+        _handle({"op": "run", "source": "print('x', end='')[0]", "wall_seconds": 60})
+    _handle({"op": "modules"})
+    linecache.clearcache()
+
+
+class _Null(io.TextIOBase):
+    def write(self, text):
+        return len(text)
+
+
+_saved_streams = sys.stdout, sys.stderr
+sys.stdout = sys.stderr = _Null()
+try:
+    _warm_up()
+finally:
+    sys.stdout, sys.stderr = _saved_streams
+    _deadline = math.inf
+
+# Move everything built so far into the collector's permanent generation: a collection during a
+# run then never walks (and page-faults in) the whole snapshot heap, only the run's own objects.
+gc.collect()
+gc.freeze()
