@@ -96,7 +96,15 @@ def build(*, force: bool = False, progress: Progress | None = None) -> Path:
         if progress:
             progress("building the python-wasm guest with componentize-py (one time, ~20 s)")
         _componentize(source_dir(), target)
+        _prune(target)
     return target
+
+
+def _prune(keep: Path) -> None:
+    """Remove components built from older guest sources (each is ~40 MB)."""
+    for old in keep.parent.glob("guest-*"):
+        if old.stem != keep.stem:
+            old.unlink(missing_ok=True)
 
 
 def _componentize(root: Path, target: Path) -> None:

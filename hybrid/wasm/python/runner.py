@@ -199,9 +199,7 @@ class _Outcome:
         except wasmtime.Trap as exc:
             self.termination, self.detail = _classify_trap(exc)
         except wasmtime.WasmtimeError as exc:
-            self.termination, self.detail = _classify_error(exc)
-            if self.termination is Termination.ERROR and "stack" in str(exc).lower():
-                self.detail = "call stack exhausted (deep recursion)"
+            self.termination, self.detail = _classify_component_error(exc)
         finally:
             self.wall_ms = (time.perf_counter() - start) * 1000
             try:
@@ -283,6 +281,21 @@ class _Outcome:
             tests=tests,
             traceback=_bound(response.get("traceback")),
         )
+
+
+def _classify_component_error(exc: wasmtime.WasmtimeError) -> tuple[Termination, str]:
+    """A component call reports traps as WasmtimeError text (no trap code): read the cause."""
+    termination, detail = _classify_error(exc)
+    if termination not in (Termination.TRAP, Termination.ERROR):
+        return termination, detail
+    text = str(exc)
+    cause = text.rpartition("Caused by:")[2].strip()
+    cause = cause.splitlines()[0].strip() if cause else detail
+    if "call stack exhausted" in cause:
+        return Termination.TRAP, "wasm call stack exhausted (deep recursion in C code)"
+    if "panicked" in text or "unexpected exception" in text:
+        return Termination.ERROR, "the python-wasm harness failed: " + cause
+    return termination, cause
 
 
 def _first_line(text: str) -> str:

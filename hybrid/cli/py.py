@@ -1,0 +1,246 @@
+"""``hybrid py``: run Python snippets (and their tests) in CPython-in-WebAssembly."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hybrid.cli._output import emit, json_option
+from hybrid.cli.wasm import budget_options, exit_code_for
+from hybrid.errors import InvalidInput
+from hybrid.policy import Budget, SandboxSpec, parse_size
+from hybrid.results import ExecutionResult
+
+
+@click.group()
+def py() -> None:
+    """Run Python snippets in the python-wasm tier (CPython 3.14 in wasmtime, a fresh instance per run)."""
+
+
+def _py_options(func: Any) -> Any:
+    func = click.option(
+        "--output-bytes", help="Bytes kept of each of stdout and stderr, e.g. 64K."
+    )(func)
+    func = click.option(
+        "--file",
+        "files",
+        multiple=True,
+        type=click.Path(path_type=Path),
+        help="Input file, readable read-only by its name in the snippet's working directory.",
+    )(func)
+    func = click.option(
+        "--test",
+        "test_file",
+        type=click.Path(path_type=Path),
+        help="Tests: top-level assert lines and test_* functions, run in the snippet's namespace.",
+    )(func)
+    return budget_options(func)
+
+
+def _spec(
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    output_bytes: str | None,
+) -> SandboxSpec:
+    from hybrid.wasm.python import DEFAULT_SPEC
+
+    spec = SandboxSpec.from_toml(policy_file) if policy_file else DEFAULT_SPEC
+    budget = spec.budget.model_dump()
+    try:
+        if fuel is not None:
+            budget["fuel"] = fuel
+        if memory is not None:
+            budget["memory"] = parse_size(memory)
+        if timeout is not None:
+            budget["wall_seconds"] = timeout
+        if output_bytes is not None:
+            budget["output_bytes"] = parse_size(output_bytes)
+        new_budget = Budget.model_validate(budget)
+    except ValueError as exc:
+        raise InvalidInput(f"bad budget option: {str(exc).splitlines()[-1].strip()}") from None
+    return spec.model_copy(update={"budget": new_budget, "tier": "python-wasm"})
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidInput(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidInput(f"{what} {path}: is a directory") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{what} {path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise InvalidInput(f"{what} {path}: cannot read: {exc.strerror}") from None
+
+
+@contextmanager
+def _first_use_status() -> Iterator[None]:
+    """A status line on stderr while the guest is built/compiled for the first time (~30 s)."""
+    from rich.console import Console
+
+    from hybrid.wasm.python import component, is_ready
+
+    if is_ready():
+        component()
+        yield
+        return
+    console = Console(stderr=True)
+    if console.is_terminal:
+        with console.status("preparing the python-wasm guest (one time)") as status:
+            component(progress=lambda message: status.update(message))
+    else:
+        component(progress=lambda message: print(f"hybrid: {message}", file=sys.stderr))
+    yield
+
+
+def _render(result: ExecutionResult) -> None:
+    if result.stdout:
+        click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
+    if result.stderr:
+        click.echo(result.stderr, nl=not result.stderr.endswith("\n"), err=True)
+    for test in result.tests:
+        mark = click.style("PASS", fg="green") if test.passed else click.style("FAIL", fg="red")
+        line = f"{mark} {test.name}"
+        if test.message:
+            line += f"\n     {test.message.replace(chr(10), chr(10) + '     ')}"
+        click.echo(line, err=True)
+    if result.traceback:
+        click.echo(result.traceback.rstrip("\n"), err=True)
+    if result.stdout_truncated or result.stderr_truncated:
+        click.echo("hybrid: output was truncated at the output_bytes budget", err=True)
+    usage = result.usage
+    fuel = f", fuel {usage.fuel_used:,}" if usage.fuel_used is not None else ""
+    passed = sum(t.passed for t in result.tests)
+    tests = f", {passed}/{len(result.tests)} tests passed" if result.tests else ""
+    status = "ok" if result.ok else f"{result.termination.value}: {result.detail}"
+    click.echo(f"hybrid: python-wasm {status} ({usage.wall_ms:.1f} ms{fuel}{tests})", err=True)
+
+
+def _run_and_report(
+    source: str,
+    tests: str | None,
+    files: tuple[Path, ...],
+    spec: SandboxSpec,
+    filename: str,
+    tests_filename: str,
+    as_json: bool,
+) -> None:
+    from hybrid.wasm.python import run_python
+
+    with _first_use_status():
+        result = run_python(
+            source,
+            tests,
+            files=list(files),
+            spec=spec,
+            filename=filename,
+            tests_filename=tests_filename,
+        )
+    emit(result, as_json, lambda: _render(result))
+    code = exit_code_for(result)
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+@py.command("run")
+@click.argument("file", type=click.Path(path_type=Path))
+@_py_options
+@json_option
+def run_cmd(
+    file: Path,
+    test_file: Path | None,
+    files: tuple[Path, ...],
+    output_bytes: str | None,
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Run FILE.py (then its --test file) in a fresh CPython-in-WASM instance."""
+    source = _read_text(file, "snippet")
+    tests = _read_text(test_file, "--test") if test_file is not None else None
+    spec = _spec(policy_file, fuel, memory, timeout, output_bytes)
+    _run_and_report(
+        source,
+        tests,
+        files,
+        spec,
+        file.name,
+        test_file.name if test_file is not None else "tests.py",
+        as_json,
+    )
+
+
+@py.command("eval")
+@click.argument("code")
+@_py_options
+@json_option
+def eval_cmd(
+    code: str,
+    test_file: Path | None,
+    files: tuple[Path, ...],
+    output_bytes: str | None,
+    policy_file: Path | None,
+    fuel: int | None,
+    memory: str | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Run CODE (a string; '-' reads it from stdin) in a fresh CPython-in-WASM instance."""
+    source = sys.stdin.read() if code == "-" else code
+    tests = _read_text(test_file, "--test") if test_file is not None else None
+    spec = _spec(policy_file, fuel, memory, timeout, output_bytes)
+    name = test_file.name if test_file is not None else "tests.py"
+    _run_and_report(source, tests, files, spec, "<eval>", name, as_json)
+
+
+@py.command("build")
+@click.option("--force", is_flag=True, help="Rebuild even if a component for these sources exists.")
+@json_option
+def build_cmd(force: bool, as_json: bool) -> None:
+    """Build (componentize-py) and compile the python-wasm guest now instead of at first use."""
+    import time
+
+    from hybrid.wasm.python import guest
+
+    start = time.perf_counter()
+    if force:
+        guest.reset()
+        guest.build(force=True, progress=lambda message: click.echo(f"hybrid: {message}", err=True))
+    with _first_use_status():
+        pass
+    path = guest.component_path()
+    size = path.stat().st_size
+    info = {
+        "component": str(path),
+        "bytes": size,
+        "fingerprint": guest.fingerprint(),
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+    emit(
+        info,
+        as_json,
+        lambda: click.echo(
+            f"python-wasm guest ready: {path} ({size / 1e6:.1f} MB, {info['seconds']} s)"
+        ),
+    )
+
+
+@py.command("modules")
+@json_option
+def modules_cmd(as_json: bool) -> None:
+    """List the standard library modules bundled in the python-wasm guest."""
+    from hybrid.wasm.python import available_modules
+
+    with _first_use_status():
+        names = available_modules()
+    emit(names, as_json, lambda: click.echo("\n".join(names)))
