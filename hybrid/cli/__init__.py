@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "policy": ("hybrid.cli.policy", "policy", "Check and write sandbox policies (SandboxSpec TOML)."),
     "wasm": ("hybrid.cli.wasm", "wasm", "Run WASI modules in the embedded WebAssembly tier."),
     "check": ("hybrid.cli.check", "check", "Built-in checks (csv, json, grep, redact, scope) in WebAssembly."),
+    "py": ("hybrid.cli.py", "py", "Run Python snippets and their tests in CPython-in-WebAssembly."),
 }
 
 
