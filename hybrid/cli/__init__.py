@@ -17,8 +17,16 @@ from hybrid.errors import HybridError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "policy": ("hybrid.cli.policy", "policy", "Check and write sandbox policies (SandboxSpec TOML)."),
     "wasm": ("hybrid.cli.wasm", "wasm", "Run WASI modules in the embedded WebAssembly tier."),
+    "ws": ("hybrid.cli.ws", "ws", "Workstations: hardened Docker/gVisor sandboxes holding a repository copy."),
+    "image": ("hybrid.cli.image", "image", "Build the base workstation image with debootstrap (no registry)."),
+    "run": ("hybrid.cli.tiers", "run_cmd", "Run a command on the cheapest tier that honours it."),
+    "route": ("hybrid.cli.tiers", "route_cmd", "Explain which tier would run a job, and why."),
+    "doctor": ("hybrid.cli.tiers", "doctor_cmd", "Which tiers this host can run, and how to enable the rest."),
     "check": ("hybrid.cli.check", "check", "Built-in checks (csv, json, grep, redact, scope) in WebAssembly."),
     "py": ("hybrid.cli.py", "py", "Run Python snippets and their tests in CPython-in-WebAssembly."),
+    "map": ("hybrid.cli.context", "map_cmd", "Ranked repo map: files and key signatures under a token budget."),
+    "skeleton": ("hybrid.cli.context", "skeleton_cmd", "Files with bodies elided (imports, signatures, docstrings)."),
+    "context": ("hybrid.cli.context", "context", "Task context packs; `context eval` scores ranking on git history."),
 }
 
 

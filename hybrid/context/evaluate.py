@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
+from hybrid.context.history import recent_changes
 from hybrid.context.languages import EXTENSIONS
 from hybrid.context.resolve import is_test_path
 from hybrid.errors import ContextError, InvalidInput
@@ -69,7 +70,13 @@ class EvalReport(BaseModel):
 
 def _git(repo: Path, *args: str) -> str:
     try:
-        out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            ["git", "-C", str(repo), *args],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=600,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise ContextError(f"git {args[0]} failed: {exc}") from exc
     if out.returncode != 0:
@@ -87,37 +94,58 @@ def mine_cases(repo: str | Path, limit: int = 50, rev: str = "HEAD") -> list[Eva
     repo_path = Path(repo)
     if _git(repo_path, "rev-parse", "--is-inside-work-tree").strip() != "true":
         raise InvalidInput(f"{repo} is not a git work tree")
-    log = _git(
-        repo_path,
+    # Streamed: a long history (sympy: 50k commits) is read only as far as needed.
+    cmd = [
+        "git",
+        "-C",
+        str(repo_path),
         "log",
         "--no-merges",
         "--no-renames",
         "--format=%x1e%H%x1f%P%x1f%B%x1f",
         "--name-status",
         rev,
-    )
+    ]
     cases: list[EvalCase] = []
-    for record in log.split("\x1e"):
-        if len(cases) >= limit:
-            break
-        fields = record.split("\x1f")
-        if len(fields) < 4:
-            continue
-        commit, parents, message, changes = fields[0], fields[1].split(), fields[2], fields[3]
-        if len(parents) != 1 or not _FIX.search(message):
-            continue
-        gold: list[str] = []
-        source_changed = 0
-        for line in changes.strip().splitlines():
-            status, _, path = line.partition("\t")
-            if Path(path).suffix not in EXTENSIONS or is_test_path(path):
-                continue
-            source_changed += 1
-            if status == "M":
-                gold.append(path)
-        if gold and source_changed <= _MAX_GOLD:
-            cases.append(EvalCase(commit=commit, parent=parents[0], task=_task_text(message), gold=sorted(gold)))
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace") as proc:
+        assert proc.stdout is not None
+        buffer: list[str] = []
+        for line in proc.stdout:
+            if line.startswith("\x1e") and buffer:
+                case = _case("".join(buffer))
+                if case is not None:
+                    cases.append(case)
+                    if len(cases) >= limit:
+                        break
+                buffer = []
+            buffer.append(line)
+        else:
+            case = _case("".join(buffer)) if buffer else None
+            if case is not None and len(cases) < limit:
+                cases.append(case)
+        proc.kill()
     return cases
+
+
+def _case(record: str) -> EvalCase | None:
+    fields = record.lstrip("\x1e").split("\x1f")
+    if len(fields) < 4:
+        return None
+    commit, parents, message, changes = fields[0], fields[1].split(), fields[2], fields[3]
+    if len(parents) != 1 or not _FIX.search(message):
+        return None
+    gold: list[str] = []
+    source_changed = 0
+    for line in changes.strip().splitlines():
+        status, _, path = line.partition("\t")
+        if Path(path).suffix not in EXTENSIONS or is_test_path(path):
+            continue
+        source_changed += 1
+        if status == "M":
+            gold.append(path)
+    if not gold or source_changed > _MAX_GOLD:
+        return None
+    return EvalCase(commit=commit, parent=parents[0], task=_task_text(message), gold=sorted(gold))
 
 
 def _metrics(ranks: list[int]) -> Metrics:
@@ -137,8 +165,8 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalReport:
     """Mine ``limit`` bug-fix commits and score every ranking mode on them."""
-    from hybrid.context.repomap import load_graph
     from hybrid.context.rank import rank
+    from hybrid.context.repomap import load_graph
 
     repo_path = Path(repo).resolve()
     cases = mine_cases(repo_path, limit)
@@ -153,10 +181,11 @@ def evaluate(
         for n, case in enumerate(cases):
             _git(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
             graph = load_graph(worktree, cache=cache)
+            history = recent_changes(worktree)  # the parent's own past: no leakage
             ranks: dict[str, int] = {}
             top: list[str] = []
             for mode in MODES:
-                ranking = rank(graph, case.task, mode)  # type: ignore[arg-type]
+                ranking = rank(graph, case.task, mode, history)  # type: ignore[arg-type]
                 order = [graph["paths"][i] for i in ranking.order]
                 position = {p: k + 1 for k, p in enumerate(order)}
                 found = [position[g] for g in case.gold if g in position]

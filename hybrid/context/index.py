@@ -124,7 +124,9 @@ def _wanted(path: str, skipped: list[tuple[str, str]]) -> str | None:
     return lang
 
 
-def _scan_git(root: Path, stats: IndexStats, skipped: list[tuple[str, str]]) -> list[SourceFile] | None:
+def _scan_git(
+    root: Path, stats: IndexStats, skipped: list[tuple[str, str]]
+) -> list[SourceFile] | None:
     top_raw = _git(root, "rev-parse", "--show-toplevel")
     if top_raw is None:
         return None
@@ -191,7 +193,9 @@ def _scan_walk(root: Path, stats: IndexStats, skipped: list[tuple[str, str]]) ->
     return files
 
 
-def scan(root: Path, stats: IndexStats | None = None) -> tuple[list[SourceFile], list[tuple[str, str]]]:
+def scan(
+    root: Path, stats: IndexStats | None = None
+) -> tuple[list[SourceFile], list[tuple[str, str]]]:
     """Source files under ``root`` with content ids, and files skipped with the reason."""
     stats = stats if stats is not None else IndexStats()
     skipped: list[tuple[str, str]] = []
@@ -213,7 +217,9 @@ def scan(root: Path, stats: IndexStats | None = None) -> tuple[list[SourceFile],
 
 
 def _parse_chunk(root: str, chunk: list[tuple[str, str]]) -> list[tuple[str, bytes]]:
-    return [(rel, marshal.dumps(extract_file(os.path.join(root, rel), lang))) for rel, lang in chunk]
+    return [
+        (rel, marshal.dumps(extract_file(os.path.join(root, rel), lang))) for rel, lang in chunk
+    ]
 
 
 def default_workers() -> int:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
 from hybrid.context.graph import importers
+from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex
 from hybrid.context.rank import Mode, rank
 from hybrid.context.repomap import load_graph, render_map
@@ -78,7 +79,9 @@ def _symbol_bodies(
     for d in picked:
         if any(a <= d.line and d.end_line <= b for a, b in covered):
             continue
-        block = f"# {path}:{d.line}-{d.end_line}\n" + "\n".join(lines[d.line - 1 : d.end_line]) + "\n"
+        block = (
+            f"# {path}:{d.line}-{d.end_line}\n" + "\n".join(lines[d.line - 1 : d.end_line]) + "\n"
+        )
         cost = count_tokens(block)
         if used + cost > budget:
             continue
@@ -89,7 +92,9 @@ def _symbol_bodies(
     return "".join(out), names
 
 
-def _skeleton_item(root: Path, path: str, lang: str, kind: ItemKind, reason: str, budget: int) -> PackItem | None:
+def _skeleton_item(
+    root: Path, path: str, lang: str, kind: ItemKind, reason: str, budget: int
+) -> PackItem | None:
     data = _read(root, path)
     if data is None or lang.startswith("ctags:"):
         return None
@@ -122,7 +127,7 @@ def context_pack(
     index: RepoIndex = graph["_index"]
     paths: list[str] = graph["paths"]
     langs: list[str] = graph["langs"]
-    ranking = rank(graph, task, mode)
+    ranking = rank(graph, task, mode, recent_changes(root_path))
     sym_index = {s: j for j, s in enumerate(graph["symbols"])}
     items: list[PackItem] = []
     used = 0
@@ -171,7 +176,9 @@ def context_pack(
             used += cost
             included.append(i)
             continue
-        item = _skeleton_item(root_path, path, langs[i], "skeleton", f"{reason}; file too large", room)
+        item = _skeleton_item(
+            root_path, path, langs[i], "skeleton", f"{reason}; file too large", room
+        )
         if item:
             items.append(item)
             used += item.tokens

@@ -36,7 +36,15 @@ W_BM25 = 0.6
 W_GRAPH = 0.4
 W_PATH = 0.5
 TEST_FACTOR = 0.5
+AUX_FACTOR = 0.5  # docs, examples, scripts: rarely where a fix goes
+W_HISTORY = 0.1  # files changed in recent commits
+W_PRIOR = 0.1  # global importance (PageRank with a uniform teleport)
+_AUX_DIRS = frozenset(
+    {"doc", "docs", "example", "examples", "scripts", "benchmarks", "bench", "tools"}
+)
 
+_CODE_BEFORE = frozenset("`.'\"")
+_CODE_AFTER = frozenset("`('\"")
 _PATHLIKE = re.compile(r"[\w./-]*[/.][\w./-]*\w")
 
 
@@ -80,13 +88,14 @@ def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) 
             lower.setdefault(s.lower(), []).append(s)
     for match in IDENT_RE.finditer(task):
         word = match.group(0)
-        before = task[match.start() - 1 : match.start()] if match.start() else ""
-        after = task[match.end() : match.end() + 1]
+        before = task[match.start() - 1 : match.start()] if match.start() else " "
+        after = task[match.end() : match.end() + 2] or " "
         code_like = (
             "_" in word.strip("_")
             or (any(c.isupper() for c in word[1:]) and any(c.islower() for c in word))
-            or before in "`.'\""
-            or after in "`(.'\""
+            or before in _CODE_BEFORE
+            or after[0] in _CODE_AFTER
+            or (after[0] == "." and after[1:2].isalpha())
         )
         if word in known and len(word) >= 3:
             weight = 1.0 if code_like else 0.25
@@ -181,8 +190,17 @@ def _normalized(v: np.ndarray) -> np.ndarray:
     return v / top if top > 0 else v
 
 
-def rank(graph: GraphData, task: str = "", mode: Mode = "fused") -> Ranking:
-    """Rank files for ``task``; ``mode`` selects the fused score or one signal alone."""
+def rank(
+    graph: GraphData,
+    task: str = "",
+    mode: Mode = "fused",
+    history: dict[str, float] | None = None,
+) -> Ranking:
+    """Rank files for ``task``; ``mode`` selects the fused score or one signal alone.
+
+    ``history`` (path -> recency-weighted change count, see ``recent_changes``) adds a
+    prior for files the project has been changing lately; only the fused mode uses it.
+    """
     paths = graph["paths"]
     n = len(paths)
     n_sym = len(graph["symbols"])
@@ -207,10 +225,7 @@ def rank(graph: GraphData, task: str = "", mode: Mode = "fused") -> Ranking:
     tests = np.array(graph["tests"], dtype=bool) if n else np.zeros(0, dtype=bool)
     if not seeds.any():
         seeds[:n] = np.where(tests, 0.2, 1.0)  # no task: global importance, tests last
-    if mode == "bm25":
-        structural = np.zeros(n + n_sym)
-    else:
-        structural = pagerank(graph, seeds)
+    structural = np.zeros(n + n_sym) if mode == "bm25" else pagerank(graph, seeds)
     file_graph = structural[:n]
     path_bonus = np.zeros(n)
     for i, weight in info.paths.items():
@@ -222,8 +237,16 @@ def rank(graph: GraphData, task: str = "", mode: Mode = "fused") -> Ranking:
     else:
         score = W_BM25 * _normalized(lexical) + W_GRAPH * _normalized(file_graph)
     score = score + W_PATH * path_bonus * (mode != "bm25")
+    if task and mode != "bm25" and W_PRIOR:
+        prior = pagerank(graph, np.concatenate([np.where(tests, 0.2, 1.0), np.zeros(n_sym)]))
+        score = score + W_PRIOR * _normalized(prior[:n])
+    if task and mode == "fused" and history and W_HISTORY:
+        recent = np.array([history.get(p, 0.0) for p in paths])
+        score = score + W_HISTORY * _normalized(np.log1p(recent))
     if task:
         score = np.where(tests, score * TEST_FACTOR, score)
+        aux = np.array([p.split("/", 1)[0].lower() in _AUX_DIRS for p in paths], dtype=bool)
+        score = np.where(aux, score * AUX_FACTOR, score)
     # Stable by path: argsort on (-score, path index) gives the same order everywhere.
     order = sorted(range(n), key=lambda i: (-round(float(score[i]), 12), paths[i]))
     reasons = _reasons(graph, info, lexical, file_graph, order[:50])

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
 from hybrid.context.graph import GraphData, build_graph
+from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
 from hybrid.context.rank import Mode, Ranking, rank
 from hybrid.context.text import count_tokens
@@ -143,7 +144,8 @@ def repo_map(
         raise ContextError("the token budget must be positive")
     graph = load_graph(root, cache=cache, progress=progress)
     index: RepoIndex = graph["_index"]
-    ranking = rank(graph, task, mode)
+    history = recent_changes(root) if task else None
+    ranking = rank(graph, task, mode, history)
     text, entries = render_map(graph, ranking, tokens)
     return RepoMap(
         root=str(root),
@@ -153,6 +155,8 @@ def repo_map(
         files_total=len(graph["paths"]),
         entries=entries,
         text=text,
-        files_without_symbols=[p for p, n in zip(graph["paths"], graph.get("ndefs", []), strict=False) if n == 0],
+        files_without_symbols=[
+            p for p, n in zip(graph["paths"], graph.get("ndefs", []), strict=False) if n == 0
+        ],
         skipped=[f"{p}: {why}" for p, why in index.skipped],
     )

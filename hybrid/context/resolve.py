@@ -5,7 +5,9 @@ from __future__ import annotations
 import posixpath
 import re
 
-_STRIP_EXT = re.compile(r"\.(py|pyi|js|jsx|mjs|cjs|ts|tsx|mts|cts|go|rs|java|c|h|cc|cpp|cxx|hpp|hh|hxx|rb)$")
+_STRIP_EXT = re.compile(
+    r"\.(py|pyi|js|jsx|mjs|cjs|ts|tsx|mts|cts|go|rs|java|c|h|cc|cpp|cxx|hpp|hh|hxx|rb)$"
+)
 _PACKAGE_FILES = frozenset({"__init__", "index", "mod", "lib", "main"})
 
 
@@ -17,7 +19,10 @@ def is_test_path(path: str) -> bool:
     """Test files and directories by the usual conventions of the supported languages."""
     parts = path.lower().split("/")
     name = parts[-1]
-    if any(p in ("test", "tests", "testing", "__tests__", "spec", "specs", "testdata") for p in parts[:-1]):
+    if any(
+        p in ("test", "tests", "testing", "__tests__", "spec", "specs", "testdata")
+        for p in parts[:-1]
+    ):
         return True
     stem = name.rsplit(".", 1)[0]
     return (
@@ -78,7 +83,9 @@ class Resolver:
         key = _module_key(base)
         found = self.suffixes.get(key)
         if found:
-            exact = [p for p in found if _module_key(p) == key or _module_key(p).startswith(key + "/")]
+            exact = [
+                p for p in found if _module_key(p) == key or _module_key(p).startswith(key + "/")
+            ]
             return self._pick(importer, exact or found)
         return []
 
@@ -96,7 +103,9 @@ class Resolver:
                 found = self._relative(importer, target)
                 if found or not rest:
                     return found or self._relative(importer, posixpath.join(up or ".", "__init__"))
-                return self._relative(importer, posixpath.join(up, rest.split("/")[0]) if up else rest.split("/")[0])
+                return self._relative(
+                    importer, posixpath.join(up, rest.split("/")[0]) if up else rest.split("/")[0]
+                )
             return self._lookup(importer, rest)
         if lang in ("javascript", "typescript", "tsx", "c", "cpp", "ruby"):
             if spec.startswith("."):
@@ -111,7 +120,9 @@ class Resolver:
             for i in range(len(parts)):
                 found = self.dirs.get("/".join(parts[i:]))
                 if found:
-                    same_dir = sorted(p for p in found if posixpath.dirname(p) == posixpath.dirname(found[0]))
+                    same_dir = sorted(
+                        p for p in found if posixpath.dirname(p) == posixpath.dirname(found[0])
+                    )
                     return [p for p in same_dir if not p.endswith("_test.go")]
             return []
         if lang == "rust":

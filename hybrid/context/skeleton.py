@@ -53,9 +53,13 @@ def _text(source: bytes, node) -> str:  # type: ignore[no-untyped-def]
 
 def _py_docstring(block):  # type: ignore[no-untyped-def]
     first = block.named_children[0] if block.named_child_count else None
-    if first is not None and first.type == "expression_statement" and first.named_child_count:
-        if first.named_children[0].type == "string":
-            return first
+    if (
+        first is not None
+        and first.type == "expression_statement"
+        and first.named_child_count
+        and first.named_children[0].type == "string"
+    ):
+        return first
     return None
 
 

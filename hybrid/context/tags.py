@@ -18,7 +18,9 @@ from hybrid.context.text import name_terms, terms
 
 # (lang, defs, refs, imports, terms, error); defs are (name, kind, line, end_line, signature);
 # terms are the file's BM25 term frequencies over symbol names, docstrings and references.
-Payload = tuple[str, list[tuple[str, str, int, int, str]], dict[str, int], list[str], dict[str, int], str]
+Payload = tuple[
+    str, list[tuple[str, str, int, int, str]], dict[str, int], list[str], dict[str, int], str
+]
 
 _CLIMB = frozenset(
     {
@@ -221,7 +223,13 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
         lineno = int(tag.get("line", 0))
         signature = f"{tag.get('kind', '')} {tag['name']}{tag.get('signature', '')}".strip()
         defs[path].append(
-            (tag["name"], str(tag.get("kind", "symbol")), lineno, int(tag.get("end", lineno)), signature)
+            (
+                tag["name"],
+                str(tag.get("kind", "symbol")),
+                lineno,
+                int(tag.get("end", lineno)),
+                signature,
+            )
         )
     for path, lang in files:
         found = sorted(defs[path], key=lambda d: (d[2], d[0]))

@@ -1,0 +1,150 @@
+"""``hybrid map``, ``hybrid skeleton`` and ``hybrid context``: real-file context from a checkout."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from hybrid.cli._output import emit, json_option
+
+_MODES = click.Choice(["fused", "bm25", "graph"])
+
+
+@contextmanager
+def _progress(enabled: bool, label: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on stderr for the parse, only when it is worth showing."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task_id = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task_id, completed=done, total=total)
+
+        yield update
+
+
+@click.command("map")
+@click.argument("path", default=".", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--task", default="", help="Task text: ranks files for it (identifiers, paths, words)."
+)
+@click.option(
+    "--tokens", default=2048, show_default=True, type=click.IntRange(min=1), help="Token budget."
+)
+@click.option("--mode", type=_MODES, default="fused", show_default=True, help="Ranking signal.")
+@json_option
+def map_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> None:
+    """Print a ranked map of the repository at PATH: files with their key signatures."""
+    from hybrid.context.repomap import repo_map
+
+    with _progress(not as_json, "parsing") as progress:
+        result = repo_map(path, task, tokens, mode=mode, progress=progress)  # type: ignore[arg-type]
+    emit(result, as_json, lambda: click.echo(result.text, nl=False))
+
+
+@click.command("skeleton")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@json_option
+def skeleton_cmd(files: tuple[str, ...], as_json: bool) -> None:
+    """Print FILES with bodies elided: imports, signatures, decorators, docstrings, constants."""
+    from hybrid.context.skeleton import skeleton
+
+    result = [{"path": f, "skeleton": skeleton(f)} for f in files]
+
+    def render() -> None:
+        for item in result:
+            if len(result) > 1:
+                click.echo(f"# {item['path']}")
+            click.echo(item["skeleton"], nl=False)
+
+    emit(result, as_json, render)
+
+
+class _DefaultToPack(click.Group):
+    """``hybrid context [PATH] --task ...`` packs; ``hybrid context eval REPO`` evaluates."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_help = bool(args) and args[0] in ("-h", "--help")
+        if not wants_help and (not args or args[0] not in self.commands):
+            args = ["pack", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("context", cls=_DefaultToPack)
+def context() -> None:
+    """Build a task context pack (default) or evaluate ranking on the repo's history (eval)."""
+
+
+@context.command("pack")
+@click.argument("path", default=".", type=click.Path(exists=True, file_okay=False))
+@click.option("--task", required=True, help="What the model is asked to do.")
+@click.option(
+    "--tokens", default=8000, show_default=True, type=click.IntRange(min=64), help="Token budget."
+)
+@click.option("--mode", type=_MODES, default="fused", show_default=True, help="Ranking signal.")
+@json_option
+def pack_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> None:
+    """Fill one budget with the ranked map, top files, neighbour skeletons and related tests."""
+    from hybrid.context.pack import context_pack
+
+    with _progress(not as_json, "parsing") as progress:
+        result = context_pack(path, task, tokens, mode=mode, progress=progress)  # type: ignore[arg-type]
+
+    def render() -> None:
+        for item in result.items:
+            click.echo(f"=== {item.kind} {item.path or ''} ({item.tokens} tokens): {item.reason}")
+            click.echo(item.text.rstrip("\n"))
+        click.echo(f"=== {result.tokens}/{result.budget} tokens", err=True)
+
+    emit(result, as_json, render)
+
+
+@context.command("eval")
+@click.argument("repo", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--limit", default=50, show_default=True, type=click.IntRange(min=1), help="Commits to mine."
+)
+@json_option
+def eval_cmd(repo: str, limit: int, as_json: bool) -> None:
+    """Localization on REPO's own bug-fix commits: Acc@1, Acc@5 and MRR per ranking mode."""
+    from hybrid.context.evaluate import evaluate
+
+    with _progress(not as_json, "commits") as progress:
+        report = evaluate(repo, limit, progress=progress)
+
+    def render() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{report.repo}: {report.cases} bug-fix commits")
+        for col in ("ranking", "Acc@1", "Acc@5", "MRR"):
+            table.add_column(col, justify="left" if col == "ranking" else "right")
+        for mode, m in report.metrics.items():
+            label: dict[str, Any] = {
+                "fused": "full (PPR + BM25)",
+                "bm25": "BM25 only",
+                "graph": "graph only",
+            }
+            table.add_row(label[mode], f"{m.acc_at_1:.2f}", f"{m.acc_at_5:.2f}", f"{m.mrr:.3f}")
+        Console().print(table)
+
+    emit(report, as_json, render)
