@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hybrid.workstation.base import Backend, GcReport, SnapshotInfo, Workstation, WorkstationInfo
 
 if TYPE_CHECKING:
-    from hybrid.workstation.docker import DockerBackend
+    from hybrid.workstation.docker import DockerBackend, DockerWorkstation
 
 
 def backend() -> DockerBackend:
@@ -24,7 +24,7 @@ def backend() -> DockerBackend:
 
 def create(
     spec: Any = None, *, image: str | None = None, repo: Any = None, **kwargs: Any
-) -> Workstation:
+) -> DockerWorkstation:
     """A new workstation (see DockerBackend.create); use it as a context manager."""
     return backend().create(spec, image=image, repo=repo, **kwargs)
 

@@ -6,6 +6,7 @@ workspace. The router and the CLI only ever hold these two protocols, never a ba
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -71,7 +72,6 @@ class Workstation(Protocol):
         timeout: float | None = None,
         env: dict[str, str] | None = None,
         workdir: str | None = None,
-        stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv) and return how it ended, output bounded."""
@@ -93,7 +93,7 @@ class Workstation(Protocol):
         """Commit the workstation (files and installed packages) under ``name``."""
         ...
 
-    def fork(self, n: int) -> list[Workstation]:
+    def fork(self, n: int) -> Sequence[Workstation]:
         """``n`` new workstations starting from this one's current state."""
         ...
 
@@ -142,7 +142,7 @@ class Backend(Protocol):
 
     def list(self) -> list[WorkstationInfo]: ...
 
-    def snapshots(self) -> list[SnapshotInfo]: ...
+    def snapshots(self) -> builtins.list[SnapshotInfo]: ...
 
     def gc(self, everything: bool = False) -> GcReport:
         """Remove what crashed clients left behind (``everything``: all this toolkit made)."""

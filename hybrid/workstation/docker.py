@@ -13,6 +13,7 @@ gVisor a pids or memory breach kills the whole sandbox: the supervisor notices a
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import os
@@ -107,7 +108,7 @@ def _stream_client() -> docker.APIClient:
     api = client().api
     with _LOCK:
         if _STREAM is None:
-            _STREAM = docker.from_env(timeout=None, version=api.api_version).api  # type: ignore[arg-type]
+            _STREAM = docker.from_env(timeout=None, version=api.api_version).api
         return _STREAM
 
 
@@ -826,7 +827,7 @@ class DockerBackend:
             raise WorkstationNotFound(f"no workstation named {name} (see: hybrid ws ls)")
         return DockerWorkstation(found[0], self)
 
-    def list(self) -> list[WorkstationInfo]:
+    def list(self) -> builtins.list[WorkstationInfo]:
         """Every workstation this toolkit made on the engine."""
         api = client().api
         with translate("list workstations"):
@@ -847,7 +848,7 @@ class DockerBackend:
                 raise WorkstationNotFound(f"no snapshot named {name}") from None
         return _snapshot_info(name, attrs)
 
-    def snapshots(self) -> list[SnapshotInfo]:
+    def snapshots(self) -> builtins.list[SnapshotInfo]:
         """Every snapshot this toolkit made."""
         api = client().api
         with translate("list snapshots"):

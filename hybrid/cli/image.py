@@ -1,0 +1,67 @@
+"""``hybrid image``: workstation images built here, with no registry."""
+
+from __future__ import annotations
+
+import click
+
+from hybrid.cli._output import emit, json_option
+from hybrid.errors import WorkstationNotFound
+
+
+@click.group()
+def image() -> None:
+    """Workstation images built here (no registry needed)."""
+
+
+@image.command("bootstrap")
+@click.option(
+    "--tag", help="Image tag to build (default: hybrid/base:bookworm or $HYBRID_BASE_IMAGE)."
+)
+@click.option(
+    "--mirror", help="Debian mirror URI (default: the one in this machine's apt sources)."
+)
+@click.option("--suite", help="Debian suite (default: this machine's release).")
+@click.option("--force", is_flag=True, help="Rebuild even if the image exists.")
+@json_option
+def bootstrap(
+    tag: str | None, mirror: str | None, suite: str | None, force: bool, as_json: bool
+) -> None:
+    """Build the base image (Debian minbase + python3, pytest, git) with debootstrap and import it."""
+    from rich.console import Console
+
+    from hybrid.workstation import images
+
+    tag = tag or images.BASE_IMAGE
+    console = Console(stderr=True)
+    with console.status(f"building {tag}", spinner="dots") as status:
+
+        def progress(line: str) -> None:
+            if not as_json:
+                status.update(f"building {tag}: {line[:100]}")
+
+        info = images.bootstrap(tag, mirror=mirror, suite=suite, force=force, on_progress=progress)
+    emit(
+        info,
+        as_json,
+        lambda: click.echo(
+            f"{info.tag} {'built' if info.built else 'present'} ({info.size_bytes // 1024**2} MB)"
+        ),
+    )
+
+
+@image.command("show")
+@click.option("--tag", help="Image tag (default: the base image).")
+@json_option
+def show(tag: str | None, as_json: bool) -> None:
+    """Whether the base image (or --tag) is present on the engine."""
+    from hybrid.workstation import images
+
+    tag = tag or images.BASE_IMAGE
+    info = images.get(tag)
+    if info is None:
+        raise WorkstationNotFound(f"no image {tag} (build it with: hybrid image bootstrap)")
+    emit(
+        info,
+        as_json,
+        lambda: click.echo(f"{info.tag} {info.id[7:19]} {info.size_bytes // 1024**2} MB"),
+    )

@@ -1,0 +1,223 @@
+"""``hybrid run``, ``hybrid route`` and ``hybrid doctor``: the router and the host's tiers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hybrid.cli._output import emit, json_option
+from hybrid.errors import InvalidInput
+from hybrid.policy import Budget, SandboxSpec, parse_size
+from hybrid.results import ExecutionResult, Termination
+
+
+def spec_options(func: Any) -> Any:
+    """--policy/--timeout/--memory/--pids/--cpus, shared by every command that makes a sandbox."""
+    for option in reversed(
+        [
+            click.option(
+                "--policy",
+                "policy_file",
+                type=click.Path(path_type=Path),
+                help="SandboxSpec TOML to start from.",
+            ),
+            click.option("--timeout", type=float, help="Wall-clock deadline in seconds."),
+            click.option("--memory", help="Memory cap, e.g. 512M."),
+            click.option("--pids", type=int, help="Maximum processes."),
+            click.option("--cpus", type=float, help="CPU share in cores."),
+        ]
+    ):
+        func = option(func)
+    return func
+
+
+def build_spec(
+    policy_file: Path | None,
+    timeout: float | None,
+    memory: str | None,
+    pids: int | None,
+    cpus: float | None,
+    tier: str = "auto",
+) -> SandboxSpec:
+    """A SandboxSpec from a policy file (or defaults) with command-line overrides applied."""
+    spec = SandboxSpec.from_toml(policy_file) if policy_file else SandboxSpec()
+    budget = spec.budget.model_dump()
+    overrides = {"wall_seconds": timeout, "pids": pids, "cpus": cpus}
+    try:
+        budget.update({k: v for k, v in overrides.items() if v is not None})
+        if memory is not None:
+            budget["memory"] = parse_size(memory)
+        new_budget = Budget.model_validate(budget)
+    except ValueError as exc:
+        raise InvalidInput(f"bad budget option: {str(exc).splitlines()[-1].strip()}") from None
+    update: dict[str, Any] = {"budget": new_budget}
+    if tier != "auto" or policy_file is None:
+        update["tier"] = tier
+    return spec.model_copy(update=update)
+
+
+def job_options(func: Any) -> Any:
+    """The traits a job declares, shared by run and route."""
+    for option in reversed(
+        [
+            click.option(
+                "--tier",
+                type=click.Choice(["auto", "wasm", "python-wasm", "docker", "gvisor"]),
+                default="auto",
+                show_default=True,
+                help="Tier to use; auto picks the cheapest that honours the job.",
+            ),
+            click.option(
+                "--repo",
+                type=click.Path(path_type=Path, file_okay=False, exists=True),
+                help="Repository copied into the sandbox.",
+            ),
+            click.option("--image", help="Container image (default: the base image)."),
+            click.option(
+                "--python", "python_src", help="A Python snippet to run instead of a command."
+            ),
+            click.option("--processes", is_flag=True, help="The job spawns processes."),
+            click.option("--network", is_flag=True, help="The job needs network."),
+            click.option("--services", is_flag=True, help="The job needs running services."),
+            click.option(
+                "--repo-wide", is_flag=True, help="The job reads or writes across a repository."
+            ),
+            click.option(
+                "--toolchain", help="A language toolchain the job needs (python, node, gcc, ...)."
+            ),
+            click.option(
+                "--input-bytes", type=int, default=0, help="Total size of the job's inputs."
+            ),
+            click.option(
+                "--untrusted",
+                is_flag=True,
+                help="Hostile or unreviewed code: needs the stronger boundary.",
+            ),
+        ]
+    ):
+        func = option(func)
+    return spec_options(func)
+
+
+def _job(command: tuple[str, ...], opts: dict[str, Any]) -> tuple[Any, Any]:
+    from hybrid.router import Job
+
+    spec = build_spec(
+        opts["policy_file"], opts["timeout"], opts["memory"], opts["pids"], opts["cpus"]
+    )
+    if not command and not opts["python_src"]:
+        raise InvalidInput("give a command after -- (or --python CODE)")
+    job = Job(
+        command=list(command),
+        python=opts["python_src"],
+        repo=opts["repo"],
+        image=opts["image"],
+        needs_processes=opts["processes"],
+        needs_network=opts["network"],
+        needs_services=opts["services"],
+        repo_wide=opts["repo_wide"],
+        toolchain=opts["toolchain"],
+        input_bytes=opts["input_bytes"],
+        untrusted=opts["untrusted"],
+        spec=spec,
+    )
+    return job, opts["tier"]
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@job_options
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run_cmd(command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
+    """Run a command (or --python snippet) on the cheapest tier that honours it."""
+    from hybrid import router
+
+    job, tier = _job(command, opts)
+    chosen = router.route(job, tier)
+    picked: Any = chosen.tier
+    if not as_json:
+        click.echo(f"hybrid: running on {chosen.tier}", err=True)
+    streamed = not as_json and chosen.tier in ("docker", "gvisor")
+
+    def live(kind: str, chunk: bytes) -> None:
+        stream = sys.stdout if kind == "stdout" else sys.stderr
+        stream.buffer.write(chunk)
+        stream.flush()
+
+    result = router.run(job, picked, on_output=live if streamed else None)
+    emit(
+        {"route": chosen, "result": result},
+        as_json,
+        lambda: _render(result, streamed),
+    )
+    raise click.exceptions.Exit(_exit_code(result))
+
+
+def _render(result: ExecutionResult, streamed: bool) -> None:
+    if not streamed:
+        if result.stdout:
+            click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
+        if result.stderr:
+            click.echo(result.stderr, nl=not result.stderr.endswith("\n"), err=True)
+    for flag, name in ((result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")):
+        if flag:
+            click.echo(f"hybrid: {name} was cut at the output budget", err=True)
+    if result.termination not in (Termination.OK, Termination.NONZERO_EXIT):
+        click.echo(f"hybrid: {result.tier}: {result.termination.value}: {result.detail}", err=True)
+
+
+def _exit_code(result: ExecutionResult) -> int:
+    if result.termination is Termination.OK:
+        return 0 if result.ok else 1
+    if result.termination is Termination.NONZERO_EXIT and result.exit_code:
+        return result.exit_code
+    return 4  # ExecutionError's code: killed, timed out, out of memory
+
+
+@click.command("route", context_settings={"ignore_unknown_options": True})
+@job_options
+@json_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def route_cmd(command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
+    """Explain which tier would run a job, and why not the cheaper ones."""
+    from hybrid import router
+
+    job, tier = _job(command, opts)
+    chosen = router.route(job, tier)
+
+    def render() -> None:
+        click.echo(f"tier: {chosen.tier}")
+        for reason in chosen.reasons:
+            click.echo(f"  because {reason}")
+        for name, why in chosen.rejected.items():
+            click.echo(f"  not {name}: {why}")
+
+    emit(chosen, as_json, render)
+
+
+@click.command("doctor")
+@click.option("--deep", is_flag=True, help="Also start a hardened container per runtime.")
+@json_option
+def doctor_cmd(deep: bool, as_json: bool) -> None:
+    """Which tiers this host can run; for each one it cannot, why and how to enable it."""
+    from hybrid.workstation.doctor import probe
+
+    statuses = probe(deep=deep)
+
+    def render() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(show_lines=False)
+        table.add_column("tier")
+        table.add_column("ok")
+        table.add_column("detail / fix", overflow="fold")
+        for status in statuses:
+            text = status.detail if status.available else f"{status.detail}\nfix: {status.fix}"
+            table.add_row(status.tier, "yes" if status.available else "no", text)
+        Console(soft_wrap=False).print(table)
+
+    emit(statuses, as_json, render)

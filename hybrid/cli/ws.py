@@ -1,0 +1,294 @@
+"""``hybrid ws``: long-lived workstations (Docker with runc, or gVisor) holding a repository copy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hybrid.cli._output import emit, json_option
+from hybrid.cli.tiers import _exit_code, _render, build_spec, spec_options
+from hybrid.errors import EngineUnavailable, InvalidInput
+
+
+def _backend() -> Any:
+    from hybrid.workstation import backend
+
+    return backend()
+
+
+@click.group()
+def ws() -> None:
+    """Long-lived workstations: a repository copy, its toolchain, state between commands."""
+
+
+@ws.command("up")
+@click.argument("name", required=False)
+@click.option(
+    "--repo",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Repository to copy in.",
+)
+@click.option("--image", help="Image to start from (default: the base image).")
+@click.option(
+    "--from", "snapshot", help="Snapshot to start from (its files and installed packages)."
+)
+@click.option("--gvisor", is_flag=True, help="Run under gVisor (runsc) instead of runc.")
+@spec_options
+@json_option
+def up(
+    name: str | None,
+    repo: Path | None,
+    image: str | None,
+    snapshot: str | None,
+    gvisor: bool,
+    as_json: bool,
+    **opts: Any,
+) -> None:
+    """Start a workstation (it stays until `ws down`)."""
+    tier = "gvisor" if gvisor else "docker"
+    spec = build_spec(
+        opts["policy_file"], opts["timeout"], opts["memory"], opts["pids"], opts["cpus"], tier
+    )
+    backend = _backend()
+    if snapshot:
+        if image or repo:
+            raise InvalidInput(
+                "--from starts from a snapshot; it cannot be combined with --image or --repo"
+            )
+        given = (
+            opts["policy_file"]
+            or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus"))
+            or gvisor
+        )
+        made = backend.start(snapshot, spec=spec if given else None, name=name, persistent=True)
+    else:
+        made = backend.create(spec, image=image, repo=repo, name=name, persistent=True)
+    info = made.info()
+    emit(info, as_json, lambda: click.echo(info.name))
+
+
+@ws.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("name")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option(
+    "--timeout", type=float, help="Deadline in seconds (default: the workstation's budget)."
+)
+@click.option("--workdir", "-w", help="Working directory inside (default: the workspace).")
+@click.option(
+    "--env",
+    "-e",
+    "env",
+    multiple=True,
+    help="NAME=VALUE (the name must be on the policy's allow-list).",
+)
+@json_option
+def exec_(
+    name: str,
+    command: tuple[str, ...],
+    timeout: float | None,
+    workdir: str | None,
+    env: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Run a command in a workstation; its output streams live, its exit code is ours."""
+    variables = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"--env {item!r}: use NAME=VALUE")
+        variables[key] = value
+    workstation = _backend().open(name)
+
+    def live(kind: str, chunk: bytes) -> None:
+        stream = sys.stdout if kind == "stdout" else sys.stderr
+        stream.buffer.write(chunk)
+        stream.flush()
+
+    argv: str | list[str] = command[0] if len(command) == 1 and " " in command[0] else list(command)
+    result = workstation.exec(
+        argv,
+        timeout=timeout,
+        env=variables or None,
+        workdir=workdir,
+        on_output=None if as_json else live,
+    )
+    emit(result, as_json, lambda: _render(result, streamed=True))
+    raise click.exceptions.Exit(_exit_code(result))
+
+
+@ws.command("shell")
+@click.argument("name")
+@click.option(
+    "--shell", "program", default="/bin/bash", show_default=True, help="Program to start."
+)
+def shell(name: str, program: str) -> None:
+    """Attach a person to a running workstation (an interactive shell, same user and limits)."""
+    workstation = _backend().open(name)
+    workstation._ensure_running()
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:
+        raise EngineUnavailable(
+            "the docker command-line client is needed for an interactive shell (apt-get install docker.io)"
+        )
+    argv = ["docker", "exec", "-it", "-u", workstation.user, "-w", workstation.spec.workspace]
+    for key, value in workstation._environment(None).items():
+        argv += ["-e", f"{key}={value}"]
+    argv += [workstation.id, program]
+    sys.stdout.flush()
+    os.execv(docker_cli, argv)
+
+
+@ws.command("cp")
+@click.argument("source")
+@click.argument("dest")
+@json_option
+def cp(source: str, dest: str, as_json: bool) -> None:
+    """Copy files in or out: `ws cp FILE NAME:PATH` or `ws cp NAME:PATH DIR`."""
+    inside_src, inside_dest = _split(source), _split(dest)
+    if (inside_src is None) == (inside_dest is None):
+        raise InvalidInput("exactly one side must be NAME:PATH (a workstation path)")
+    backend = _backend()
+    if inside_dest is not None:
+        name, path = inside_dest
+        if not Path(source).exists():
+            raise InvalidInput(f"{source}: no such file or directory")
+        workstation = backend.open(name)
+        target = path if not path.endswith("/") else path + Path(source).name
+        workstation.put(Path(source), target)
+        summary = {"copied": source, "to": f"{name}:{target}"}
+    else:
+        assert inside_src is not None
+        name, path = inside_src
+        backend.open(name).get(path, Path(dest))
+        summary = {"copied": f"{name}:{path}", "to": dest}
+    emit(summary, as_json, lambda: click.echo(f"{summary['copied']} -> {summary['to']}", err=True))
+
+
+def _split(value: str) -> tuple[str, str] | None:
+    name, sep, path = value.partition(":")
+    if not sep or "/" in name or not name:
+        return None
+    return name, path
+
+
+@ws.command("diff")
+@click.argument("name")
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path, dir_okay=False), help="Write the patch here."
+)
+@json_option
+def diff(name: str, output: Path | None, as_json: bool) -> None:
+    """The agent's changes as a unified diff (apply with `git apply`)."""
+    patch = _backend().open(name).diff()
+    if output is not None:
+        output.write_text(patch, encoding="utf-8")
+    emit(
+        {"name": name, "diff": patch},
+        as_json,
+        lambda: None if output else click.echo(patch, nl=False),
+    )
+
+
+@ws.command("snapshot")
+@click.argument("name")
+@click.argument("snapshot")
+@json_option
+def snapshot(name: str, snapshot: str, as_json: bool) -> None:
+    """Commit a workstation (files, installed packages) as SNAPSHOT; start from it with `ws up --from`."""
+    info = _backend().open(name).snapshot(snapshot)
+    emit(info, as_json, lambda: click.echo(info.name))
+
+
+@ws.command("fork")
+@click.argument("name")
+@click.argument("count", type=click.IntRange(1, 64))
+@json_option
+def fork(name: str, count: int, as_json: bool) -> None:
+    """Start COUNT copies of a workstation's current state, for parallel attempts."""
+    forks = _backend().open(name).fork(count)
+    infos = [f.info() for f in forks]
+    emit(infos, as_json, lambda: click.echo("\n".join(i.name for i in infos)))
+
+
+@ws.command("ls")
+@json_option
+def ls(as_json: bool) -> None:
+    """Workstations and snapshots on this engine."""
+    backend = _backend()
+    workstations, snapshots = backend.list(), backend.snapshots()
+
+    def render() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="workstations")
+        for column in ("name", "tier", "status", "image", "kept", "from snapshot"):
+            table.add_column(column)
+        for w in workstations:
+            table.add_row(
+                w.name,
+                w.tier,
+                w.status,
+                w.image,
+                "yes" if w.persistent else "no",
+                w.snapshot_of or "",
+            )
+        console = Console()
+        console.print(table)
+        if snapshots:
+            snaps = Table(title="snapshots")
+            for column in ("name", "source", "image", "created"):
+                snaps.add_column(column)
+            for s in snapshots:
+                snaps.add_row(s.name, s.source, s.image, s.created[:19])
+            console.print(snaps)
+
+    emit({"workstations": workstations, "snapshots": snapshots}, as_json, render)
+
+
+@ws.command("down")
+@click.argument("names", nargs=-1)
+@click.option(
+    "--snapshot", "snapshots", multiple=True, help="Also delete this snapshot (repeatable)."
+)
+@json_option
+def down(names: tuple[str, ...], snapshots: tuple[str, ...], as_json: bool) -> None:
+    """Remove workstations (and their workspaces), and snapshots named with --snapshot."""
+    if not names and not snapshots:
+        raise InvalidInput("name a workstation (or --snapshot NAME)")
+    backend = _backend()
+    for name in names:
+        backend.open(name).remove()
+    for snap in snapshots:
+        backend.remove_snapshot(snap)
+    summary = {"removed": list(names), "snapshots": list(snapshots)}
+    emit(
+        summary,
+        as_json,
+        lambda: click.echo(f"removed {', '.join([*names, *snapshots])}", err=True),
+    )
+
+
+@ws.command("gc")
+@click.option(
+    "--all", "everything", is_flag=True, help="Also remove kept workstations and every snapshot."
+)
+@json_option
+def gc(everything: bool, as_json: bool) -> None:
+    """Remove what crashed clients left behind (containers, volumes, fork snapshots)."""
+    report = _backend().gc(everything)
+
+    def render() -> None:
+        total = len(report.containers) + len(report.volumes) + len(report.images)
+        click.echo(
+            f"removed {len(report.containers)} containers, {len(report.volumes)} volumes, "
+            f"{len(report.images)} images" + ("" if total else " (nothing to do)"),
+            err=True,
+        )
+
+    emit(report, as_json, render)
