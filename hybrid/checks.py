@@ -78,7 +78,9 @@ class CsvReport(CheckReport):
     """Result of ``check_csv``."""
 
     columns: list[str] = Field(default_factory=list, description="The header, in order.")
-    missing: list[str] = Field(default_factory=list, description="Required or typed columns not in the header.")
+    missing: list[str] = Field(
+        default_factory=list, description="Required or typed columns not in the header."
+    )
     duplicate_columns: list[str] = Field(default_factory=list)
     rows: int = Field(0, description="Data rows (header excluded).")
     bad_rows: int = 0
@@ -143,7 +145,9 @@ class RedactReport(CheckReport):
     """Result of ``redact``: the scrubbed, bounded text wrapped in an untrusted-evidence marker."""
 
     text: str = ""
-    counts: dict[str, int] = Field(default_factory=dict, description="Redactions per kind of secret.")
+    counts: dict[str, int] = Field(
+        default_factory=dict, description="Redactions per kind of secret."
+    )
     redactions: int = 0
     markers_neutralised: int = 0
     input_bytes: int = 0
@@ -169,7 +173,9 @@ class ScopeViolation(BaseModel):
     """A path the policy does not allow, and the rule that says so."""
 
     path: str
-    rule: str = Field(description="env-file, ci-config, credential-file, lockfile, git-internals, denied-glob, outside-allowed-prefixes or path-escape.")
+    rule: str = Field(
+        description="env-file, ci-config, credential-file, lockfile, git-internals, denied-glob, outside-allowed-prefixes or path-escape."
+    )
     pattern: str | None = None
     message: str
 
@@ -219,11 +225,16 @@ def _run(
         program=name,
     )
     if result.termination is not Termination.OK and result.exit_code != 2:
-        return report(ok=False, termination=result.termination, usage=result.usage, detail=result.detail)
+        return report(
+            ok=False, termination=result.termination, usage=result.usage, detail=result.detail
+        )
     try:
         data = json.loads(result.stdout)
     except ValueError:
-        raise ExecutionError(f"check {name} printed no report ({result.termination.value}: {result.detail})", result=result) from None
+        raise ExecutionError(
+            f"check {name} printed no report ({result.termination.value}: {result.detail})",
+            result=result,
+        ) from None
     if result.exit_code == 2 or "error" in data:
         raise _ERRORS.get(data.get("kind", ""), InvalidInput)(str(data.get("error", "bad input")))
     data["usage"] = result.usage
@@ -240,7 +251,12 @@ def check_csv(
     budget: Budget | None = None,
 ) -> CsvReport:
     """Check a CSV: required columns, column types (int, float, bool, date, string), row count, first bad row."""
-    request = {"require": list(require), "types": dict(types or {}), "delimiter": delimiter, "allow_empty": allow_empty}
+    request = {
+        "require": list(require),
+        "types": dict(types or {}),
+        "delimiter": delimiter,
+        "allow_empty": allow_empty,
+    }
     return _run("csv", CsvReport, request, stdin=_stdin(data), budget=budget)
 
 
@@ -294,12 +310,20 @@ def grep(
         "globs": list(globs),
     }
     if path.is_dir():
-        return _run("grep", GrepReport, request, budget=budget, mounts=[Mount(source=path, target="/data")])
+        return _run(
+            "grep", GrepReport, request, budget=budget, mounts=[Mount(source=path, target="/data")]
+        )
     # One file: grant a directory holding only a copy of it, never its siblings.
     with tempfile.TemporaryDirectory(prefix="hybrid-grep-") as tmp:
         shutil.copyfile(path, Path(tmp) / path.name)
         request["paths"] = [path.name]
-        return _run("grep", GrepReport, request, budget=budget, mounts=[Mount(source=Path(tmp), target="/data")])
+        return _run(
+            "grep",
+            GrepReport,
+            request,
+            budget=budget,
+            mounts=[Mount(source=Path(tmp), target="/data")],
+        )
 
 
 def redact(
@@ -312,7 +336,12 @@ def redact(
     budget: Budget | None = None,
 ) -> RedactReport:
     """Scrub secrets, bound the length and wrap the text in ``<untrusted-evidence>`` markers."""
-    request = {"literals": list(literals), "max_bytes": max_bytes, "entropy": entropy, "label": label}
+    request = {
+        "literals": list(literals),
+        "max_bytes": max_bytes,
+        "entropy": entropy,
+        "label": label,
+    }
     return _run("redact", RedactReport, request, stdin=_stdin(text), budget=budget)
 
 
@@ -326,7 +355,12 @@ def scope(
     budget: Budget | None = None,
 ) -> ScopeReport:
     """Parse a unified diff, list the touched paths and decide reviewable or blocked."""
-    request = {"allow": list(allow), "deny": list(deny), "allow_lockfiles": allow_lockfiles, "default_deny": default_deny}
+    request = {
+        "allow": list(allow),
+        "deny": list(deny),
+        "allow_lockfiles": allow_lockfiles,
+        "default_deny": default_deny,
+    }
     return _run("scope", ScopeReport, request, stdin=_stdin(diff), budget=budget)
 
 

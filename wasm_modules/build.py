@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -70,8 +69,12 @@ def toolchain() -> str | None:
     if not (Path(CARGO).exists() and Path(RUSTC).exists()):
         return None
     try:
-        sysroot = subprocess.run([RUSTC, "--print", "sysroot"], capture_output=True, text=True, check=True).stdout.strip()
-        version = subprocess.run([RUSTC, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+        sysroot = subprocess.run(
+            [RUSTC, "--print", "sysroot"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        version = subprocess.run(
+            [RUSTC, "--version"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     if not (Path(sysroot) / "lib" / "rustlib" / TARGET / "lib").is_dir():
@@ -150,7 +153,9 @@ def check_sources() -> list[str]:
             problems.append(f"{name}: not shipped: run python wasm_modules/build.py")
             continue
         if entry["source_sha256"] != source_hash(name):
-            problems.append(f"{name}: sources changed since the module was built: run python wasm_modules/build.py")
+            problems.append(
+                f"{name}: sources changed since the module was built: run python wasm_modules/build.py"
+            )
         if entry["sha256"] != hashlib.sha256(wasm.read_bytes()).hexdigest():
             problems.append(f"{name}: {wasm.name} does not match the sha256 in manifest.json")
     return problems
@@ -174,19 +179,26 @@ def check_rebuild() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="verify instead of writing")
-    parser.add_argument("--target-dir", type=Path, default=HERE / "target", help="cargo target dir for builds")
+    parser.add_argument(
+        "--target-dir", type=Path, default=HERE / "target", help="cargo target dir for builds"
+    )
     args = parser.parse_args(argv)
     rustc = toolchain()
     if args.check:
         problems = check_sources()
         if rustc is None:
-            print("build.py: Rust wasm32-wasi toolchain not found: byte-identical rebuild check skipped")
+            print(
+                "build.py: Rust wasm32-wasi toolchain not found: byte-identical rebuild check skipped"
+            )
         else:
             problems += check_rebuild()
         for problem in problems:
             print(f"build.py: {problem}", file=sys.stderr)
         if not problems:
-            print("build.py: shipped modules match their sources" + ("" if rustc is None else " (rebuilt byte-identical)"))
+            print(
+                "build.py: shipped modules match their sources"
+                + ("" if rustc is None else " (rebuilt byte-identical)")
+            )
         return 1 if problems else 0
     if rustc is None:
         print(

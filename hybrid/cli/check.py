@@ -26,7 +26,9 @@ def check() -> None:
     """Built-in checks (csv, json, grep, redact, scope) in WebAssembly."""
 
 
-def _budget(policy_file: Path | None, fuel: int | None, memory: str | None, timeout: float | None) -> Budget | None:
+def _budget(
+    policy_file: Path | None, fuel: int | None, memory: str | None, timeout: float | None
+) -> Budget | None:
     if policy_file is None and fuel is None and memory is None and timeout is None:
         return None
     return spec_from_options(policy_file, fuel, memory, timeout).budget
@@ -48,15 +50,21 @@ def _types(values: str | None) -> dict[str, str]:
     for item in _split(values):
         column, sep, kind = item.partition("=")
         if not sep or not column or not kind:
-            raise InvalidInput(f"--types {item!r}: use COLUMN=TYPE (int, float, bool, date, string)")
+            raise InvalidInput(
+                f"--types {item!r}: use COLUMN=TYPE (int, float, bool, date, string)"
+            )
         types[column] = kind
     return types
 
 
-def _finish(report: checks.CheckReport, as_json: bool, render: Callable[[], None], passed: bool) -> None:
+def _finish(
+    report: checks.CheckReport, as_json: bool, render: Callable[[], None], passed: bool
+) -> None:
     emit(report, as_json, render)
     if report.termination is not Termination.OK:
-        click.echo(f"hybrid: error: check ended with {report.termination.value}: {report.detail}", err=True)
+        click.echo(
+            f"hybrid: error: check ended with {report.termination.value}: {report.detail}", err=True
+        )
         raise click.exceptions.Exit(4)
     if not passed:
         raise click.exceptions.Exit(1)
@@ -74,7 +82,9 @@ def _with_budget(func: Any) -> Any:
 @check.command("csv")
 @click.argument("file")
 @click.option("--require", help="Comma-separated columns that must exist.")
-@click.option("--types", "types_", help="Comma-separated COLUMN=TYPE (int, float, bool, date, string).")
+@click.option(
+    "--types", "types_", help="Comma-separated COLUMN=TYPE (int, float, bool, date, string)."
+)
 @click.option("--delimiter", default=",", show_default=True, help="One character; 'tab' for tabs.")
 @click.option("--allow-empty", is_flag=True, help="Empty cells pass the type checks.")
 @_with_budget
@@ -118,7 +128,12 @@ def csv_cmd(
 
 @check.command("json")
 @click.argument("file")
-@click.option("--schema", "schema_file", type=click.Path(path_type=Path), help="A JSON schema (small subset) to validate against.")
+@click.option(
+    "--schema",
+    "schema_file",
+    type=click.Path(path_type=Path),
+    help="A JSON schema (small subset) to validate against.",
+)
 @click.option("--max-errors", default=100, show_default=True, help="Failures to list.")
 @_with_budget
 @json_option
@@ -156,10 +171,23 @@ def json_cmd(
 @check.command("grep")
 @click.argument("pattern")
 @click.argument("directory", default=".")
-@click.option("-C", "--context", default=0, show_default=True, help="Lines of context around each match.")
+@click.option(
+    "-C", "--context", default=0, show_default=True, help="Lines of context around each match."
+)
 @click.option("-i", "--ignore-case", is_flag=True)
-@click.option("--glob", "globs", multiple=True, help="Only paths matching this glob (repeatable), e.g. '*.py'.")
-@click.option("--max", "max_matches", default=1000, show_default=True, help="Stop after this many matching lines.")
+@click.option(
+    "--glob",
+    "globs",
+    multiple=True,
+    help="Only paths matching this glob (repeatable), e.g. '*.py'.",
+)
+@click.option(
+    "--max",
+    "max_matches",
+    default=1000,
+    show_default=True,
+    help="Stop after this many matching lines.",
+)
 @_with_budget
 @json_option
 def grep_cmd(
@@ -208,8 +236,18 @@ def grep_cmd(
 
 @check.command("redact")
 @click.argument("file", default="-")
-@click.option("--literal", "literals", multiple=True, help="A value to scrub wherever it appears (repeatable).")
-@click.option("--max-bytes", default=32 * 1024, show_default=True, help="Keep at most this much (head and tail).")
+@click.option(
+    "--literal",
+    "literals",
+    multiple=True,
+    help="A value to scrub wherever it appears (repeatable).",
+)
+@click.option(
+    "--max-bytes",
+    default=32 * 1024,
+    show_default=True,
+    help="Keep at most this much (head and tail).",
+)
 @click.option("--no-entropy", is_flag=True, help="Do not scrub high-entropy tokens.")
 @click.option("--label", help="Source label put on the evidence marker.")
 @_with_budget
@@ -247,10 +285,18 @@ def redact_cmd(
 
 @check.command("scope")
 @click.argument("diff")
-@click.option("--allow", "allow", multiple=True, help="Allowed path prefix (repeatable); default: anywhere.")
-@click.option("--deny", "deny", multiple=True, help="Extra denied glob (repeatable), e.g. 'docs/**'.")
+@click.option(
+    "--allow", "allow", multiple=True, help="Allowed path prefix (repeatable); default: anywhere."
+)
+@click.option(
+    "--deny", "deny", multiple=True, help="Extra denied glob (repeatable), e.g. 'docs/**'."
+)
 @click.option("--allow-lockfiles", is_flag=True, help="Let the patch touch lockfiles.")
-@click.option("--no-default-deny", is_flag=True, help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).")
+@click.option(
+    "--no-default-deny",
+    is_flag=True,
+    help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).",
+)
 @_with_budget
 @json_option
 def scope_cmd(

@@ -55,7 +55,9 @@ def manifest() -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise EngineUnavailable(f"{path} is missing; build the modules with `python wasm_modules/build.py`") from None
+        raise EngineUnavailable(
+            f"{path} is missing; build the modules with `python wasm_modules/build.py`"
+        ) from None
     return data
 
 

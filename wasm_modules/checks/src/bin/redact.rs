@@ -162,8 +162,25 @@ fn looks_random(token: &str) -> bool {
     let upper = t.bytes().any(|b| b.is_ascii_uppercase());
     let lower = t.bytes().any(|b| b.is_ascii_lowercase());
     let digit = t.bytes().any(|b| b.is_ascii_digit());
-    // Paths and identifiers are long too, but rarely mix all three classes at this entropy.
-    t.len() >= 24 && upper && lower && digit && shannon(t) >= 4.0
+    // Paths and CamelCase identifiers are long and mixed too, but switch between upper, lower
+    // and digits only at word boundaries; random tokens switch at most characters.
+    t.len() >= 24 && upper && lower && digit && shannon(t) >= 4.0 && class_switches(t) >= 0.4
+}
+
+fn class_switches(t: &str) -> f64 {
+    let class = |b: u8| -> u8 {
+        if b.is_ascii_uppercase() {
+            0
+        } else if b.is_ascii_lowercase() {
+            1
+        } else {
+            2
+        }
+    };
+    // Separators (`/`, `-`, `_`, `+`) are word boundaries in paths: judge the letters and digits.
+    let bytes: Vec<u8> = t.bytes().filter(u8::is_ascii_alphanumeric).collect();
+    let switches = bytes.windows(2).filter(|w| class(w[0]) != class(w[1])).count();
+    switches as f64 / (bytes.len().max(2) - 1) as f64
 }
 
 fn floor_boundary(text: &str, mut idx: usize) -> usize {
@@ -231,6 +248,9 @@ fn main() {
         text = markers.replace_all(&text, "[evidence-marker removed]").into_owned();
     }
 
+    if text.ends_with('\n') {
+        text.pop(); // the wrapper puts its own newline before the closing marker
+    }
     let mut cut = 0usize;
     if text.len() > req.max_bytes {
         let head_end = floor_boundary(&text, req.max_bytes / 2);

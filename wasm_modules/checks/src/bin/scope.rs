@@ -315,7 +315,14 @@ impl<'a> Parser<'a> {
                 let continues_git = matches!(&self.current, Some(f) if f.git && !f.headers_done);
                 if !continues_git {
                     self.finish();
-                    let (old, new) = plain_paths(&old, &new);
+                    // `diff -N` names a missing side with the epoch as its timestamp.
+                    // Both names still decide which leading directory to strip.
+                    let (mut old, mut new) = plain_paths(&old, &new);
+                    if is_epoch(l) && new.is_some() {
+                        old = None;
+                    } else if is_epoch(self.lines[i + 1]) && old.is_some() {
+                        new = None;
+                    }
                     self.current = Some(FileChange { line: lineno, ..FileChange::default() });
                     let f = self.current.as_mut().expect("current");
                     f.old = old;
@@ -456,6 +463,13 @@ impl<'a> Parser<'a> {
             i += 1;
         }
         self.finish();
+    }
+}
+
+fn is_epoch(header: &str) -> bool {
+    match header.split_once('\t') {
+        Some((_, stamp)) => stamp.starts_with("1970-01-01 00:00:00") || stamp.ends_with(" 1970"),
+        None => false,
     }
 }
 
