@@ -30,15 +30,15 @@ K1 = 1.2
 B = 0.75
 DAMPING = 0.85
 ITERATIONS = 30
-REVERSE = 0.5  # weight of the reverse edge (definition -> users) relative to the forward one
+REVERSE = 0.0  # weight of reverse edges (definition -> users); 0 measured best on histories
 BM25_SEEDS = 20
 W_BM25 = 0.6
-W_GRAPH = 0.4
+W_GRAPH = 0.3
 W_PATH = 0.5
 TEST_FACTOR = 0.5
 AUX_FACTOR = 0.5  # docs, examples, scripts: rarely where a fix goes
-W_HISTORY = 0.1  # files changed in recent commits
-W_PRIOR = 0.1  # global importance (PageRank with a uniform teleport)
+W_HISTORY = 0.3  # files changed in recent commits
+W_PRIOR = 0.0  # global importance (PageRank with a uniform teleport)
 _AUX_DIRS = frozenset(
     {"doc", "docs", "example", "examples", "scripts", "benchmarks", "bench", "tools"}
 )

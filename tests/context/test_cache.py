@@ -1,0 +1,104 @@
+"""The incremental cache: unchanged trees parse nothing, edits/adds/deletes/renames parse
+only what changed, inside and outside git."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from typing import Any
+
+from hybrid.context.cache import TagCache
+from hybrid.context.index import build_index
+from hybrid.context.repomap import load_graph
+
+
+def _names(root: Path, path: str) -> set[str]:
+    index = build_index(root)
+    return {d.name for d in index.tags(path).definitions}
+
+
+def test_second_run_parses_nothing(shop_repo: Path) -> None:
+    first = build_index(shop_repo)
+    assert first.stats.parsed == first.stats.files == 5
+    second = build_index(shop_repo)
+    assert second.stats.parsed == 0
+    assert second.stats.hashed == 0  # blob ids from git: no file was read
+    assert second.stats.cached == 5
+
+
+def test_edit_parses_one_file(shop_repo: Path, git: Any, write: Any) -> None:
+    build_index(shop_repo)
+    (shop_repo / "shop/shipping.py").write_text("def express_cost(kg):\n    return 9\n")
+    index = build_index(shop_repo)
+    assert (index.stats.parsed, index.stats.hashed) == (1, 1)
+    assert {d.name for d in index.tags("shop/shipping.py").definitions} == {"express_cost"}
+    git(shop_repo, "commit", "-qam", "express")
+    again = build_index(shop_repo)
+    assert again.stats.parsed == 0  # committed blob id equals the hash we computed
+
+
+def test_add_delete_rename(shop_repo: Path, git: Any, write: Any) -> None:
+    build_index(shop_repo)
+    write(shop_repo, {"shop/returns.py": "def refund(order):\n    return order\n"})
+    added = build_index(shop_repo)
+    assert added.stats.parsed == 1
+    assert "shop/returns.py" in {f.path for f in added.files}
+
+    (shop_repo / "shop/shipping.py").unlink()
+    deleted = build_index(shop_repo)
+    assert deleted.stats.parsed == 0
+    assert "shop/shipping.py" not in {f.path for f in deleted.files}
+
+    git(shop_repo, "add", "-A")
+    git(shop_repo, "mv", "shop/pricing.py", "shop/prices.py")
+    renamed = build_index(shop_repo)
+    assert renamed.stats.parsed == 0  # same content, same blob id: nothing to parse
+    paths = {f.path for f in renamed.files}
+    assert "shop/prices.py" in paths and "shop/pricing.py" not in paths
+    assert "apply_discount" in {d.name for d in renamed.tags("shop/prices.py").definitions}
+
+
+def test_graph_follows_changes(shop_repo: Path) -> None:
+    graph = load_graph(shop_repo)
+    assert "shop/shipping.py" in graph["paths"]
+    (shop_repo / "shop/shipping.py").unlink()
+    graph = load_graph(shop_repo)
+    assert "shop/shipping.py" not in graph["paths"]
+    assert "shipping_cost" not in graph["symbols"]
+
+
+def test_plain_directory_without_git(shop_repo: Path, tmp_path: Path) -> None:
+    build_index(shop_repo)
+    plain = tmp_path / "plain"
+    shutil.copytree(shop_repo, plain, ignore=shutil.ignore_patterns(".git"))
+    first = build_index(plain)
+    # identical contents were already parsed for the git checkout: content keys are shared
+    assert first.stats.parsed == 0 and first.stats.hashed == 5
+    (plain / "shop/cart.py").write_text("class Basket:\n    pass\n")
+    second = build_index(plain)
+    assert second.stats.parsed == 1
+    assert {d.name for d in second.tags("shop/cart.py").definitions} == {"Basket"}
+
+
+def test_parallel_cold_parse_matches_serial(tmp_path: Path, git: Any, write: Any) -> None:
+    files = {
+        f"pkg/mod{i}.py": f"def func_{i}(x):\n    return helper_{i % 7}(x)\n" for i in range(120)
+    }
+    write(tmp_path / "repo", files)
+    parallel = build_index(tmp_path / "repo", cache=TagCache(tmp_path / "a.sqlite"), workers=2)
+    serial = build_index(tmp_path / "repo", cache=TagCache(tmp_path / "b.sqlite"), workers=1)
+    assert parallel.stats.workers == 2 and serial.stats.workers == 1
+    assert parallel.payloads() == serial.payloads()
+
+
+def test_files_without_symbols_are_reported(tmp_path: Path, git: Any, write: Any) -> None:
+    write(
+        tmp_path,
+        {"a.py": "def f():\n    pass\n", "empty.py": "# nothing here\n", "b.go": "package b\n"},
+    )
+    index = build_index(tmp_path)
+    assert dict(index.empty_files()) == {
+        "b.go": "no definitions found",
+        "empty.py": "no definitions found",
+    }

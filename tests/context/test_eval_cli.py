@@ -1,0 +1,130 @@
+"""``hybrid context eval`` on a real (small) history, and the CLI commands end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from hybrid.cli import cli
+from hybrid.context.evaluate import evaluate, mine_cases
+
+
+@pytest.fixture
+def history_repo(shop_repo: Path, git: Any) -> Path:
+    """Three bug-fix commits and one feature commit on top of the shop."""
+    steps = [
+        (
+            "shop/pricing.py",
+            "    return amount\n",
+            "    return round(amount, 2)\n",
+            "Fix rounding in apply_discount",
+        ),
+        (
+            "shop/shipping.py",
+            "weight_kg * 2",
+            "weight_kg * 3",
+            "fix shipping cost for heavy parcels",
+        ),
+        (
+            "shop/cart.py",
+            "self.items = []",
+            "self.items: list = []",
+            "Add a type to the cart items",
+        ),
+        ("shop/cart.py", "(1 + TAX_RATE)", "(1.0 + TAX_RATE)", "Cart.total: fix tax bug"),
+    ]
+    for path, old, new, message in steps:
+        file = shop_repo / path
+        file.write_text(file.read_text().replace(old, new))
+        git(shop_repo, "commit", "-qam", message)
+    return shop_repo
+
+
+def test_mine_cases_is_deterministic(history_repo: Path) -> None:
+    cases = mine_cases(history_repo, 10)
+    assert [c.task for c in cases] == [
+        "Cart.total: fix tax bug",
+        "fix shipping cost for heavy parcels",
+        "Fix rounding in apply_discount",
+    ]
+    assert [c.gold for c in cases] == [["shop/cart.py"], ["shop/shipping.py"], ["shop/pricing.py"]]
+    assert mine_cases(history_repo, 10) == cases
+    assert len(mine_cases(history_repo, 2)) == 2
+
+
+def test_evaluate_reports_all_modes(history_repo: Path) -> None:
+    report = evaluate(history_repo, 10)
+    assert report.cases == 3
+    assert set(report.metrics) == {"fused", "bm25", "graph"}
+    assert report.metrics["fused"].acc_at_1 == 1.0
+    for m in report.metrics.values():
+        assert 0 <= m.acc_at_1 <= m.acc_at_5 <= 1 and 0 <= m.mrr <= 1
+    listing = subprocess.run(
+        ["git", "-C", str(history_repo), "worktree", "list"], capture_output=True, text=True
+    )
+    assert len(listing.stdout.strip().splitlines()) == 1  # the temporary worktree is gone
+
+
+def test_cli_map_skeleton_context_eval(history_repo: Path) -> None:
+    runner = CliRunner()
+    out = runner.invoke(
+        cli, ["map", str(history_repo), "--task", "apply_discount", "--tokens", "200", "--json"]
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["entries"][0]["path"] == "shop/pricing.py" and data["tokens"] <= 200
+
+    out = runner.invoke(cli, ["skeleton", str(history_repo / "shop/cart.py")])
+    assert out.exit_code == 0 and "def total(self):" in out.output and "subtotal" not in out.output
+
+    out = runner.invoke(
+        cli,
+        [
+            "context",
+            str(history_repo),
+            "--task",
+            "fix apply_discount",
+            "--tokens",
+            "2000",
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    pack = json.loads(out.output)
+    assert pack["tokens"] <= 2000 and all(item["reason"] for item in pack["items"])
+
+    out = runner.invoke(cli, ["context", "eval", str(history_repo), "--limit", "5", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["cases"] == 3
+
+
+def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    for args in (
+        ["skeleton", str(tmp_path / "notes.txt")],
+        ["context", "eval", str(tmp_path)],
+        ["context", str(tmp_path), "--task", " "],
+    ):
+        proc = subprocess.run(["hybrid", *args], capture_output=True, text=True)
+        assert proc.returncode != 0
+        assert proc.stderr.startswith("hybrid: error:"), proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("ctags") is None, reason="universal-ctags is not installed")
+def test_ctags_fallback_for_languages_without_grammar(tmp_path: Path) -> None:
+    (tmp_path / "util.lua").write_text(
+        "local M = {}\nfunction M.greet(name)\n  return 'hi ' .. name\nend\nfunction helper()\nend\nreturn M\n"
+    )
+    from hybrid.context.index import build_index
+
+    index = build_index(tmp_path)
+    tags = index.tags("util.lua")
+    assert tags.lang == "ctags:Lua"
+    assert {"helper"} <= {d.name for d in tags.definitions}
