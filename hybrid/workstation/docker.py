@@ -268,7 +268,9 @@ class DockerWorkstation:
         finally:
             supervisor.stop()
         wall_ms = (time.time() - start) * 1000
-        termination, exit_code, detail = self._classify(exec_id, supervisor, start, deadline)
+        termination, exit_code, detail = self._classify(
+            exec_id, supervisor, start, deadline, bytes(err)
+        )
         if termination in (Termination.OK, Termination.NONZERO_EXIT) and (
             cut["stdout"] or cut["stderr"]
         ):
@@ -286,7 +288,7 @@ class DockerWorkstation:
         )
 
     def _classify(
-        self, exec_id: str, supervisor: _Supervisor, start: float, deadline: float
+        self, exec_id: str, supervisor: _Supervisor, start: float, deadline: float, err: bytes
     ) -> tuple[Termination, int | None, str]:
         api = client().api
         with translate(f"exec in {self.name}"):
@@ -300,7 +302,10 @@ class DockerWorkstation:
                     None,
                     f"wall-clock deadline of {deadline:g}s reached; every process was killed",
                 )
-            died = supervisor.died or (code == 137 and not self._alive())
+            died = supervisor.died or (code != 0 and not self._alive())
+            if not died and self.runtime == "runsc" and (code == 128 or b"containerManager" in err):
+                # gVisor's sentry died under the exec; the engine notices a moment later.
+                died = self._dies_within(3.0)
             if died:
                 self._running = False
                 state = api.inspect_container(self.id)["State"]
@@ -335,6 +340,14 @@ class DockerWorkstation:
             decode=True,
         )
         return any(True for _ in events)
+
+    def _dies_within(self, seconds: float) -> bool:
+        end = time.time() + seconds
+        while time.time() < end:
+            if not self._alive():
+                return True
+            time.sleep(0.1)
+        return False
 
     def _alive(self) -> bool:
         return bool(client().api.inspect_container(self.id)["State"].get("Running"))
