@@ -253,8 +253,9 @@ class _Outcome:
             elif exit_code:
                 termination = Termination.NONZERO_EXIT
                 failed = sum(not t.passed for t in tests)
-                if error and not failed:
-                    detail = _first_line(error)
+                skipped = failed and all(t.message.startswith("not run:") for t in tests)
+                if error and (not failed or skipped):
+                    detail = _first_line(error) + (" (tests not run)" if skipped else "")
                 elif failed:
                     detail = f"{failed} of {len(tests)} tests failed"
                     if error:
