@@ -186,13 +186,16 @@ def route(job: Job, tier: TierChoice = "auto", available: Availability | None = 
             rejected[name] = f"not available here: {why}"
             continue
         return Route(tier=name, reasons=_reasons(job, name, wanted), rejected=rejected)
+    if wanted != "auto":
+        why = rejected[wanted]
+        if why.startswith("not available here"):
+            raise EngineUnavailable(f"tier {wanted} is {why}")
+        raise PolicyViolation([f"tier {wanted} cannot run this job: {why}"])
     reasons = set(rejected.values())
     if len(reasons) == 1:
         summary = reasons.pop()
     else:
         summary = "; ".join(f"{t}: {why}" for t, why in rejected.items())
-    if wanted != "auto" and rejected.get(wanted, "").startswith("not available here"):
-        raise EngineUnavailable(f"tier {wanted} is {rejected[wanted]}")
     raise PolicyViolation([f"no tier can run this job ({summary})"])
 
 
@@ -260,7 +263,11 @@ def _run_wasm(job: Job, spec: SandboxSpec) -> ExecutionResult:
         report = function(**job.check_args, budget=spec.budget)
         return ExecutionResult(
             tier="wasm",
-            termination=report.termination if not report.ok else Termination.OK,
+            termination=(
+                report.termination
+                if report.termination is not Termination.OK
+                else (Termination.OK if report.ok else Termination.NONZERO_EXIT)
+            ),
             exit_code=None if report.termination is not Termination.OK else (0 if report.ok else 1),
             stdout=json.dumps(report.model_dump(mode="json", exclude={"usage"}), indent=2) + "\n",
             usage=report.usage,

@@ -1,0 +1,134 @@
+"""The workstation API and CLI on a real engine (runc): files, env, output bounds, CLI state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hybrid.cli import cli
+from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, WorkstationNotFound
+from hybrid.policy import Environment, NetworkPolicy, SandboxSpec
+from hybrid.results import Termination
+from hybrid.workstation import Workstation
+
+pytestmark = pytest.mark.engine
+
+
+def test_put_get_and_streaming_output(engine, make_spec, tmp_path):
+    with engine.create(make_spec("docker")) as ws:
+        assert isinstance(ws, Workstation)
+        ws.put(b"hello\n", "notes/a.txt")
+        (tmp_path / "tree" / "sub").mkdir(parents=True)
+        (tmp_path / "tree" / "sub" / "b.txt").write_text("bee\n")
+        ws.put(tmp_path / "tree", "tree")
+        assert ws.get("notes/a.txt") == b"hello\n"
+        assert ws.exec("cat tree/sub/b.txt && echo more >> notes/a.txt").stdout == "bee\n"
+        ws.get("notes", tmp_path / "out")
+        assert (tmp_path / "out" / "notes" / "a.txt").read_text() == "hello\nmore\n"
+        with pytest.raises(InvalidInput):
+            ws.put(b"x", "/etc/passwd")
+
+        chunks: list[tuple[str, bytes]] = []
+        result = ws.exec(
+            "echo one; echo two >&2", on_output=lambda kind, data: chunks.append((kind, data))
+        )
+        assert result.ok and result.stdout == "one\n" and result.stderr == "two\n"
+        assert b"".join(d for k, d in chunks if k == "stdout") == b"one\n"
+        assert b"".join(d for k, d in chunks if k == "stderr") == b"two\n"
+
+        failing = ws.exec("exit 7")
+        assert failing.termination is Termination.NONZERO_EXIT and failing.exit_code == 7
+
+
+def test_output_is_bounded_with_truncation_flags(engine, make_spec):
+    with engine.create(make_spec("docker", output_bytes="1k")) as ws:
+        result = ws.exec("head -c 100000 /dev/zero | tr '\\0' x")
+        assert result.termination is Termination.OUTPUT_LIMIT
+        assert result.stdout_truncated and not result.stderr_truncated
+        assert len(result.stdout) == 1024
+
+
+def test_only_allow_listed_environment(engine):
+    spec = SandboxSpec(
+        tier="docker", env=Environment(allow=["MODE", "EXTRA"], set={"MODE": "test"})
+    )
+    with engine.create(spec) as ws:
+        env = ws.exec("env").stdout
+        assert "MODE=test" in env
+        assert ws.exec("echo $EXTRA", env={"EXTRA": "yes"}).stdout == "yes\n"
+        with pytest.raises(PolicyViolation):
+            ws.exec("true", env={"OTHER": "no"})
+
+
+def test_refusals_are_typed(engine):
+    with pytest.raises(PolicyViolation):
+        engine.create(
+            SandboxSpec(tier="docker", network=NetworkPolicy(mode="egress", allow=["pypi.org"]))
+        )
+    with pytest.raises(WorkstationNotFound):
+        engine.open("no-such-workstation")
+    with pytest.raises(WorkstationNotFound):
+        engine.create(SandboxSpec(tier="docker"), image="hybrid/not-an-image:none")
+    with pytest.raises(InvalidInput):
+        engine.create(SandboxSpec(tier="docker"), name="Bad Name")
+    with engine.create(SandboxSpec(tier="docker")) as ws, pytest.raises(WorkstationError):
+        engine.create(SandboxSpec(tier="docker"), name=ws.name)
+
+
+def _hybrid(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from hybrid.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ},
+    )
+
+
+def test_cli_state_survives_between_processes(tmp_path: Path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "hello.py").write_text("print('hello')\n")
+    up = _hybrid("ws", "up", "--repo", str(repo), "--json")
+    if up.returncode == 5 and os.environ.get("HYBRID_REQUIRE_ENGINE") != "1":
+        pytest.skip(up.stderr)
+    assert up.returncode == 0, up.stderr
+    name = json.loads(up.stdout)["name"]
+    try:
+        listed = json.loads(_hybrid("ws", "ls", "--json").stdout)
+        assert name in [w["name"] for w in listed["workstations"]]
+        ran = _hybrid("ws", "exec", name, "--", "python3", "hello.py")
+        assert ran.returncode == 0 and ran.stdout == "hello\n", ran.stderr
+        edited = _hybrid("ws", "exec", name, "--", 'sh -c "echo \\"print(\'bye\')\\" >> hello.py"')
+        assert edited.returncode == 0, edited.stderr
+        assert _hybrid("ws", "exec", name, "--", "sh", "-c", "exit 9").returncode == 9
+        diff = _hybrid("ws", "diff", name)
+        assert "+print('bye')" in diff.stdout, diff
+        copied = _hybrid("ws", "cp", f"{name}:hello.py", str(tmp_path / "back"))
+        assert copied.returncode == 0 and (tmp_path / "back" / "hello.py").read_text().endswith(
+            "print('bye')\n"
+        )
+    finally:
+        down = _hybrid("ws", "down", name)
+    assert down.returncode == 0, down.stderr
+    missing = _hybrid("ws", "exec", name, "--", "true")
+    assert missing.returncode == 6
+    assert missing.stderr.startswith("hybrid: error:") and "Traceback" not in missing.stderr
+
+
+def test_cli_run_returns_the_command_status(engine):
+    runner = CliRunner()
+    result = runner.invoke(
+        cli, ["run", "--tier", "docker", "--json", "--", "sh", "-c", "echo out; exit 3"]
+    )
+    assert result.exit_code == 3, result.output
+    payload = json.loads(result.stdout)
+    assert payload["route"]["tier"] == "docker"
+    assert payload["result"]["stdout"] == "out\n"
+    assert payload["result"]["exit_code"] == 3
