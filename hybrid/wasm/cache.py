@@ -12,17 +12,19 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import wasmtime
-from wasmtime.component import Component
 
 from hybrid.errors import ModuleError
 from hybrid.paths import cache_dir
 from hybrid.wasm import engine as _engine
 
+if TYPE_CHECKING:
+    from wasmtime.component import Component
+
 Kind = Literal["module", "component"]
-T = TypeVar("T", wasmtime.Module, Component)
+T = TypeVar("T", bound=Any)
 
 
 class CompiledCache:
@@ -30,7 +32,7 @@ class CompiledCache:
 
     def __init__(self, directory: Path | None = None) -> None:
         self._directory = directory
-        self._memory: dict[str, wasmtime.Module | Component] = {}
+        self._memory: dict[str, Any] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -52,13 +54,15 @@ class CompiledCache:
 
     def component(self, data: bytes, name: str = "component") -> Component:
         """A compiled component for ``data`` (a component binary)."""
+        from wasmtime.component import Component  # ~6 ms of import that core-module runs skip
+
         return self._get(data, name, "component", Component)
 
     def _get(self, data: bytes, name: str, kind: Kind, cls: type[T]) -> T:
         key = self.key(data)
         cached = self._memory.get(key)
         if cached is not None:
-            return cached  # type: ignore[return-value]
+            return cached
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
@@ -66,7 +70,7 @@ class CompiledCache:
             if cached is None:
                 cached = self._load_or_compile(key, data, name, kind, cls)
                 self._memory[key] = cached
-        return cached  # type: ignore[return-value]
+        return cached
 
     def _load_or_compile(self, key: str, data: bytes, name: str, kind: Kind, cls: type[T]) -> T:
         eng = _engine.engine()
