@@ -39,6 +39,75 @@ fn marker(kind: &str) -> String {
     format!("[REDACTED:{}]", kind)
 }
 
+struct Rule {
+    kind: &'static str,
+    pattern: &'static str,
+    /// The capture group holding the secret (0: the whole match).
+    secret: usize,
+    /// Lowercase words at least one of which every match contains.
+    hints: &'static [&'static str],
+}
+
+const RULES: &[Rule] = &[
+    Rule {
+        kind: "private_key",
+        pattern: r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----|\z)",
+        secret: 0,
+        hints: &["private key"],
+    },
+    Rule {
+        kind: "aws_access_key_id",
+        pattern: r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}\b",
+        secret: 0,
+        hints: &["akia", "asia", "agpa", "aida", "aroa", "aipa", "anpa", "anva", "abia", "acca"],
+    },
+    Rule {
+        kind: "aws_secret_access_key",
+        pattern: r#"(?i)(aws_?secret_?(?:access_?)?key["']?\s*(?:=|:|=>)\s*["']?)([A-Za-z0-9/+=]{40})"#,
+        secret: 2,
+        hints: &["aws"],
+    },
+    Rule { kind: "gcp_api_key", pattern: r"\bAIza[0-9A-Za-z_\-]{35}", secret: 0, hints: &["aiza"] },
+    Rule {
+        kind: "github_token",
+        pattern: r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
+        secret: 0,
+        hints: &["ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"],
+    },
+    Rule { kind: "slack_token", pattern: r"\bxox[abposr]-[A-Za-z0-9\-]{10,}", secret: 0, hints: &["xox"] },
+    Rule { kind: "api_key", pattern: r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}", secret: 0, hints: &["sk-"] },
+    Rule {
+        kind: "jwt",
+        pattern: r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+        secret: 0,
+        hints: &["eyj"],
+    },
+    Rule {
+        kind: "bearer_token",
+        pattern: r"(?i)\bbearer\s+([A-Za-z0-9\-._~+/]{8,}=*)",
+        secret: 1,
+        hints: &["bearer"],
+    },
+    Rule {
+        kind: "authorization",
+        pattern: r"(?i)\b(authorization\s*[:=]\s*(?:basic|digest|token)\s+)([^\s]+)",
+        secret: 2,
+        hints: &["authorization"],
+    },
+    Rule {
+        kind: "url_credentials",
+        pattern: r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]+:)([^@\s/]+)@",
+        secret: 2,
+        hints: &["://"],
+    },
+    Rule {
+        kind: "assignment",
+        pattern: r#"(?i)([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|private[_\-]?key|credentials?|session[_\-]?id|cookie)[A-Za-z0-9_.\-]*["']?\s*(?:=|:|=>)\s*)("[^"\n]*"|'[^'\n]*'|[^\s,;'"]+)"#,
+        secret: 2,
+        hints: &["passw", "pwd", "secret", "token", "key", "credential", "session", "cookie"],
+    },
+];
+
 struct Redactor {
     counts: BTreeMap<&'static str, u64>,
 }
@@ -209,43 +278,34 @@ fn main() {
     let mut r = Redactor { counts: BTreeMap::new() };
 
     text = r.literals(text, &req.literals);
-    text = r.rule(
-        text,
-        "private_key",
-        r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----|\z)",
-        0,
-    );
-    text = r.rule(text, "aws_access_key_id", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[A-Z0-9]{16}\b", 0);
-    text = r.rule(
-        text,
-        "aws_secret_access_key",
-        r#"(?i)(aws_?secret_?(?:access_?)?key["']?\s*(?:=|:|=>)\s*["']?)([A-Za-z0-9/+=]{40})"#,
-        2,
-    );
-    text = r.rule(text, "gcp_api_key", r"\bAIza[0-9A-Za-z_\-]{35}", 0);
-    text = r.rule(text, "github_token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})", 0);
-    text = r.rule(text, "slack_token", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}", 0);
-    text = r.rule(text, "api_key", r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}", 0);
-    text = r.rule(text, "jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", 0);
-    text = r.rule(text, "bearer_token", r"(?i)\bbearer\s+([A-Za-z0-9\-._~+/]{8,}=*)", 1);
-    text = r.rule(text, "authorization", r"(?i)\b(authorization\s*[:=]\s*(?:basic|digest|token)\s+)([^\s]+)", 2);
-    text = r.rule(text, "url_credentials", r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]+:)([^@\s/]+)@", 2);
-    text = r.rule_if(
-        text,
-        "assignment",
-        r#"(?i)([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|private[_\-]?key|credentials?|session[_\-]?id|cookie)[A-Za-z0-9_.\-]*["']?\s*(?:=|:|=>)\s*)("[^"\n]*"|'[^'\n]*'|[^\s,;'"]+)"#,
-        2,
-        |c| !counting_key(c.get(1).map(|k| k.as_str()).unwrap_or("")),
-    );
+    // A rule whose hint words never occur is not even compiled: most evidence mentions few of
+    // these formats, and compiling every pattern costs more than scanning for the hints. The
+    // hints come from the text before any replacement, so they over-approximate, never miss.
+    let lower = text.to_ascii_lowercase();
+    for rule in RULES {
+        if !rule.hints.iter().any(|h| lower.contains(h)) {
+            continue;
+        }
+        text = if rule.kind == "assignment" {
+            r.rule_if(text, rule.kind, rule.pattern, rule.secret, |c| {
+                !counting_key(c.get(1).map(|k| k.as_str()).unwrap_or(""))
+            })
+        } else {
+            r.rule(text, rule.kind, rule.pattern, rule.secret)
+        };
+    }
     if req.entropy {
         text = r.entropy(text);
     }
 
     // The wrapper must stay the only marker: neutralise any copy inside the text.
-    let markers = Regex::new(r"(?i)<\s*/?\s*untrusted-evidence[^>]*>").expect("marker");
-    let neutralised = markers.find_iter(&text).count() as u64;
-    if neutralised > 0 {
-        text = markers.replace_all(&text, "[evidence-marker removed]").into_owned();
+    let mut neutralised = 0u64;
+    if lower.contains("untrusted-evidence") {
+        let markers = Regex::new(r"(?i)<\s*/?\s*untrusted-evidence[^>]*>").expect("marker");
+        neutralised = markers.find_iter(&text).count() as u64;
+        if neutralised > 0 {
+            text = markers.replace_all(&text, "[evidence-marker removed]").into_owned();
+        }
     }
 
     if text.ends_with('\n') {
