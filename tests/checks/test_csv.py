@@ -139,3 +139,21 @@ def test_fuel_budget_stops_a_large_file() -> None:
     report = check_csv(data, types={"a": "int"}, budget=Budget(fuel=200_000))
     assert report.termination is Termination.OUT_OF_FUEL
     assert not report.ok
+
+
+def test_whole_process_console_script() -> None:
+    import shutil
+    import subprocess
+
+    exe = shutil.which("hybrid")
+    if exe is None:
+        pytest.skip("the hybrid console script is not installed")
+    done = subprocess.run(
+        [exe, "check", "csv", str(RATE_CARD), "--require", "weight_kg,zone,cost_usd", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["missing"] == ["weight_kg"]
+    assert done.stderr == ""

@@ -166,3 +166,19 @@ def test_malformed_diff_cli_is_one_line(hybrid_cli) -> None:
     )
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("hybrid: error: malformed diff at line 3")
+
+
+def test_quoted_and_unicode_paths(repo: Path) -> None:
+    (repo / "src" / "ünï cödé.txt").write_text("x\n")
+    (repo / "src" / 'quo"te.txt').write_text("y\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "odd names")
+    git(repo, "mv", "src/ünï cödé.txt", "src/rénamed file.txt")
+    with (repo / "src" / 'quo"te.txt').open("a") as handle:
+        handle.write("more\n")
+    report = scope(staged_diff(repo), allow=["src"])
+    assert report.ok
+    assert {(f.path, f.old_path, f.status) for f in report.files} == {
+        ('src/quo"te.txt', None, "modified"),
+        ("src/rénamed file.txt", "src/ünï cödé.txt", "renamed"),
+    }
