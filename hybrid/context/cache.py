@@ -17,7 +17,7 @@ from typing import Any
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 4
+SCHEMA = 5
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 
@@ -76,6 +76,13 @@ class TagCache:
             "SELECT data FROM graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
         ).fetchone()
         return marshal.loads(row[0]) if row else None
+
+    def has_graph(self, root: str, fingerprint: str) -> bool:
+        """Whether a graph for exactly this fingerprint is stored (without loading it)."""
+        row = self._db.execute(
+            "SELECT 1 FROM graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
+        ).fetchone()
+        return row is not None
 
     def put_graph(self, root: str, fingerprint: str, data: Any) -> None:
         """Remember the graph built for ``root`` (one per root, replaced on change)."""

@@ -14,15 +14,37 @@ from typing import Any
 
 from hybrid.context.resolve import Resolver, is_test_path
 from hybrid.context.tags import Payload
+from hybrid.context.text import terms
 
 GraphData = dict[str, Any]
 
 PATH_WEIGHT = 3  # BM25 term-frequency multiplier of path words
 
 
+# Names every program uses from its language runtime: a repo that happens to define one
+# (a method called ``str``, a type called ``Error``) must not collect every call to it.
+_COMMON = frozenset(
+    """abs all any ascii bin bool breakpoint bytearray bytes callable chr classmethod compile
+    complex delattr dict dir divmod enumerate eval exec filter float format frozenset getattr
+    globals hasattr hash help hex id input int isinstance issubclass iter len list locals map
+    max memoryview min next object oct open ord pow print property range repr reversed round
+    set setattr slice sorted staticmethod str sum super tuple type vars zip Exception
+    ValueError TypeError KeyError IndexError AttributeError RuntimeError NotImplementedError
+    NotImplemented OSError ImportError StopIteration AssertionError self cls
+    console Object Array String Number Boolean Promise Math JSON Date Error Map Set Symbol
+    require module exports parseInt parseFloat setTimeout document window
+    append cap copy delete make new panic recover string error byte rune fmt
+    Some None Ok Err Vec Box Option Result println format vec assert assert_eq clone unwrap
+    into from default to_string iter
+    System Integer List HashMap ArrayList Override equals hashCode toString
+    printf fprintf sprintf snprintf malloc calloc realloc free memcpy memset strlen strcmp
+    sizeof puts require_relative attr_reader attr_accessor raise""".split()  # noqa: SIM905
+)
+
+
 def _ref_weight(name: str, n_defs: int) -> float:
     """How much one reference to ``name`` says about the files that define it."""
-    w = 1.0
+    w = 0.05 if name in _COMMON else 1.0
     if name.startswith("_"):
         w *= 0.3
     if len(name) < 3:
@@ -30,6 +52,23 @@ def _ref_weight(name: str, n_defs: int) -> float:
     if n_defs > 3:
         w *= 3.0 / n_defs
     return w
+
+
+def path_terms(path: str) -> list[str]:
+    """BM25 terms of a path (directory and file name words)."""
+    return terms(path.replace("/", " ").replace(".", " ").replace("-", " "))
+
+
+def _pack(postings: dict[str, list[tuple[int, int]]]) -> dict[str, tuple[bytes, bytes]]:
+    """term -> (file ids as int32 bytes, summed term frequencies as float32 bytes)."""
+    packed: dict[str, tuple[bytes, bytes]] = {}
+    for term in sorted(postings):
+        merged: dict[int, int] = {}
+        for i, c in postings[term]:
+            merged[i] = merged.get(i, 0) + c
+        ids = sorted(merged)
+        packed[term] = (array("i", ids).tobytes(), array("f", (merged[i] for i in ids)).tobytes())
+    return packed
 
 
 def build_graph(payloads: dict[str, Payload]) -> GraphData:
@@ -49,7 +88,8 @@ def build_graph(payloads: dict[str, Payload]) -> GraphData:
     weight = array("d")
     resolver = Resolver(paths)
     imports: list[list[int]] = []
-    file_terms: list[dict[str, int]] = []
+    postings: dict[str, list[tuple[int, int]]] = {}
+    doc_len = array("d")
     for i, p in enumerate(paths):
         lang, _defs, refs, specs, tf, _err = payloads[p]
         # references: file -> symbol (payload order is deterministic: it is the parse order)
@@ -73,7 +113,13 @@ def build_graph(payloads: dict[str, Payload]) -> GraphData:
             src.append(i)
             dst.append(t)
             weight.append(2.0)
-        file_terms.append(tf)
+        for term, count in tf.items():
+            postings.setdefault(term, []).append((i, count))
+        length = sum(tf.values())
+        for term in path_terms(p):
+            postings.setdefault(term, []).append((i, PATH_WEIGHT))
+            length += PATH_WEIGHT
+        doc_len.append(float(length))
     # definitions: symbol -> file
     for name in symbols:
         s = sym_id[name]
@@ -91,7 +137,8 @@ def build_graph(payloads: dict[str, Payload]) -> GraphData:
         "dst": dst.tobytes(),
         "weight": weight.tobytes(),
         "imports": imports,
-        "terms": file_terms,
+        "postings": _pack(postings),
+        "doc_len": doc_len.tobytes(),
         "ndefs": [len(payloads[p][1]) for p in paths],
         "errors": [payloads[p][5] for p in paths],
     }

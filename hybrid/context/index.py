@@ -66,10 +66,11 @@ class RepoIndex:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     stats: IndexStats = field(default_factory=IndexStats)
     _payloads: dict[str, Payload] = field(default_factory=dict)
+    _files_by_path: dict[str, SourceFile] = field(default_factory=dict)
 
     def payloads(self, paths: list[str] | None = None) -> dict[str, Payload]:
         """Payloads by path (all files when ``paths`` is None), from memory or the cache."""
-        by_path = {f.path: f for f in self.files}
+        by_path = self._by_path()
         wanted = list(by_path) if paths is None else [p for p in paths if p in by_path]
         missing = [p for p in wanted if p not in self._payloads]
         if missing:
@@ -77,6 +78,11 @@ class RepoIndex:
             for key, payload in self.cache.get_many(keys).items():
                 self._payloads[keys[key]] = payload
         return {p: self._payloads[p] for p in wanted if p in self._payloads}
+
+    def _by_path(self) -> dict[str, SourceFile]:
+        if len(self._files_by_path) != len(self.files):
+            self._files_by_path = {f.path: f for f in self.files}
+        return self._files_by_path
 
     def tags(self, path: str) -> FileTags:
         """The tags of one file."""
@@ -203,9 +209,10 @@ def scan(
     if found is None:
         found = _scan_walk(root, stats, skipped)
     kept: list[SourceFile] = []
+    base = str(root)
     for f in found:
         try:
-            size = (root / f.path).stat().st_size
+            size = os.stat(os.path.join(base, f.path)).st_size
         except OSError:
             skipped.append((f.path, "unreadable"))
             continue
@@ -308,7 +315,7 @@ def build_index(
     stats.files = len(files)
     stats.scan_ms = (time.perf_counter() - t0) * 1000
     index = RepoIndex(root_path, files, cache, fingerprint(files), skipped, stats)
-    graph_known = cache.get_graph(str(root_path.resolve()), index.fingerprint) is not None
+    graph_known = cache.has_graph(str(root_path.resolve()), index.fingerprint)
     if graph_known:
         # The graph for exactly these contents exists, so every payload was cached.
         stats.cached = len(files)

@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from hybrid.context.graph import PATH_WEIGHT, GraphData
+from hybrid.context.graph import GraphData
 from hybrid.context.resolve import Resolver
 from hybrid.context.text import IDENT_RE, STOPWORDS, stem, terms
 
@@ -31,7 +31,7 @@ B = 0.75
 DAMPING = 0.85
 ITERATIONS = 30
 REVERSE = 0.0  # weight of reverse edges (definition -> users); 0 measured best on histories
-BM25_SEEDS = 20
+BM25_SEEDS = 10
 W_BM25 = 0.6
 W_GRAPH = 0.3
 W_PATH = 0.5
@@ -71,10 +71,6 @@ class Ranking:
 
     def top(self, k: int) -> list[int]:
         return self.order[:k]
-
-
-def _path_terms(path: str) -> list[str]:
-    return terms(path.replace("/", " ").replace(".", " ").replace("-", " "))
 
 
 def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) -> TaskTerms:
@@ -126,34 +122,24 @@ def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) 
 
 
 def bm25(graph: GraphData, query: list[str]) -> np.ndarray:
-    """BM25 score of every file for the query terms."""
-    paths = graph["paths"]
-    n = len(paths)
+    """BM25 score of every file for the query terms (from the packed postings)."""
+    n = len(graph["paths"])
     scores = np.zeros(n)
     if not query or not n:
         return scores
-    wanted = sorted(set(query))
-    qtf = {t: query.count(t) for t in wanted}
-    lengths = np.zeros(n)
-    tf = np.zeros((len(wanted), n))
-    for i, (path, file_tf) in enumerate(zip(paths, graph["terms"], strict=True)):
-        path_tf: dict[str, int] = {}
-        for t in _path_terms(path):
-            path_tf[t] = path_tf.get(t, 0) + PATH_WEIGHT
-        lengths[i] = sum(file_tf.values()) + sum(path_tf.values())
-        for k, t in enumerate(wanted):
-            c = file_tf.get(t, 0) + path_tf.get(t, 0)
-            if c:
-                tf[k, i] = c
+    lengths = np.frombuffer(graph["doc_len"], dtype=np.float64)
     avg = lengths.mean() or 1.0
     norm = K1 * (1 - B + B * lengths / avg)
-    for k, t in enumerate(wanted):
-        row = tf[k]
-        df = int(np.count_nonzero(row))
-        if not df:
+    postings = graph["postings"]
+    for term in sorted(set(query)):
+        entry = postings.get(term)
+        if entry is None:
             continue
+        ids = np.frombuffer(entry[0], dtype=np.int32)
+        tf = np.frombuffer(entry[1], dtype=np.float32).astype(np.float64)
+        df = len(ids)
         idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-        scores += qtf[t] * idf * row * (K1 + 1) / (row + norm)
+        scores[ids] += query.count(term) * idf * tf * (K1 + 1) / (tf + norm[ids])
     return scores
 
 
@@ -253,10 +239,14 @@ def rank(
     return Ranking(order, score, lexical, file_graph, structural[n:], info, reasons)
 
 
+def _has_term(graph: GraphData, term: str, i: int) -> bool:
+    entry = graph["postings"].get(term)
+    return entry is not None and i in np.frombuffer(entry[0], dtype=np.int32)
+
+
 def _reasons(
     graph: GraphData, info: TaskTerms, lexical: np.ndarray, structural: np.ndarray, top: list[int]
 ) -> dict[int, list[str]]:
-    paths = graph["paths"]
     sym_index = {s: j for j, s in enumerate(graph["symbols"])}
     defined_here: dict[int, list[str]] = {}
     for name in sorted(info.symbols):
@@ -271,9 +261,7 @@ def _reasons(
         if i in defined_here:
             why.append("defines " + ", ".join(defined_here[i][:5]))
         if lexical[i] > 0:
-            tf = graph["terms"][i]
-            pt = set(_path_terms(paths[i]))
-            matched = [t for t in query if t in tf or t in pt][:6]
+            matched = [t for t in query if _has_term(graph, t, i)][:6]
             why.append(f"bm25 {lexical[i]:.2f} ({', '.join(matched)})")
         if structural[i] > 0:
             why.append(f"pagerank {structural[i]:.4f}")

@@ -61,13 +61,12 @@ def load_graph(
 
 
 def _symbol_lines(
-    graph: GraphData, ranking: Ranking, index: RepoIndex, path: str, limit: int
+    sym_index: dict[str, int], ranking: Ranking, index: RepoIndex, path: str, limit: int
 ) -> list[str]:
     try:
         tags = index.tags(path)
     except ContextError:
         return []
-    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
     scored = []
     for d in tags.definitions:
         if d.kind == "local":
@@ -82,7 +81,15 @@ def _symbol_lines(
             s = s * 2 + 1e-6
         scored.append((-s, d.line, d))
     chosen = sorted(scored, key=lambda t: (t[0], t[1]))[:limit]
-    return [f"{d.line:>5}: {d.signature}" for _, _, d in sorted(chosen, key=lambda t: t[1])]
+    return [f"{d.line:>5}: {d.signature}" for _, _, d in chosen]  # most relevant first
+
+
+def _block(path: str, lines: list[str]) -> str:
+    """A file's map entry, its signatures in line order."""
+    if not lines:
+        return path + "\n"
+    ordered = sorted(lines, key=lambda ln: int(ln.split(":", 1)[0]))
+    return path + ":\n" + "".join(f"  {ln}\n" for ln in ordered)
 
 
 def render_map(
@@ -100,30 +107,37 @@ def render_map(
     entries: list[MapEntry] = []
     used = 0
     exclude = exclude or set()
-    index.payloads([paths[i] for i in ranking.order[:200]])  # one batch read from the cache
-    for i in ranking.order:
+    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    loaded: set[str] = set()
+    for k, i in enumerate(ranking.order):
         path = paths[i]
         if path in exclude:
             continue
-        if used + 2 > tokens:
+        left = tokens - used
+        if left < 4:
             break
-        lines = _symbol_lines(graph, ranking, index, path, _MAX_SIGNATURES_PER_FILE)
-        block = path + (":\n" + "".join(f"  {ln}\n" for ln in lines) if lines else "\n")
+        lines: list[str] = []
+        if left > 24:  # room for signatures: read this file's tags (batched, as far as needed)
+            if k % 40 == 0 or path not in loaded:
+                batch = [paths[j] for j in ranking.order[k : k + 40]]
+                index.payloads(batch)
+                loaded.update(batch)
+            lines = _symbol_lines(sym_index, ranking, index, path, _MAX_SIGNATURES_PER_FILE)
+        block = _block(path, lines)
         cost = counter(block)
-        if used + cost > tokens:
-            # a shorter version of this file (path only) may still fit
-            block = path + "\n"
+        while lines and cost > left:  # drop the least relevant signatures until it fits
+            lines = lines[:-1]
+            block = _block(path, lines)
             cost = counter(block)
-            lines = []
-            if used + cost > tokens:
-                continue
+        if cost > left:
+            continue
         parts.append(block)
         used += cost
         entries.append(
             MapEntry(
                 path=path,
                 score=round(float(ranking.score[i]), 6),
-                signatures=lines,
+                signatures=sorted(lines, key=lambda ln: int(ln.split(":", 1)[0])),
                 reasons=ranking.reasons.get(i, []),
             )
         )

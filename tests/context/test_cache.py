@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-
 from typing import Any
 
 from hybrid.context.cache import TagCache

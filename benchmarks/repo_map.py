@@ -1,0 +1,306 @@
+"""Repo map build time and memory: hybrid vs aider's RepoMap vs universal-ctags.
+
+For each repository (a private ``git clone`` of it, so nothing touches the original):
+
+* cold: empty caches (hybrid's tag cache, aider's ``.aider.tags.cache.v4``);
+* warm: the same command again, nothing changed;
+* one file changed: one source file edited, then the command again;
+
+each as a whole process (interpreter start-up included), with the peak resident memory of
+the whole process tree (sampled from /proc every 10 ms; the largest single process from
+wait4 when that is higher). aider runs from its own virtualenv as a library (RepoMap with a
+4-characters-per-token counter, no model, PYTHONHASHSEED fixed); ``ctags -R`` has no cache
+and no ranking, so only its cold time is meaningful.
+
+    python benchmarks/repo_map.py --repo /tmp/click --repo /tmp/sympy \
+        --aider-python /tmp/aider-venv/bin/python
+
+Prints one markdown table (medians over --runs; cold runs once per repository and tool
+unless --cold-runs says otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+AIDER_DRIVER = r"""
+import os, subprocess, sys
+from aider.io import InputOutput
+from aider.repomap import RepoMap
+
+class Model:
+    def token_count(self, text):
+        return (len(text) + 3) // 4
+
+root = os.path.abspath(sys.argv[1])
+listing = subprocess.run(["git", "-C", root, "ls-files"], capture_output=True, text=True).stdout
+files = [os.path.join(root, f) for f in listing.split("\n") if f]
+io = InputOutput(pretty=False, yes=True, fancy_input=False)
+rm = RepoMap(map_tokens=int(sys.argv[2]), root=root, main_model=Model(), io=io)
+out = rm.get_repo_map([], files) or ""
+sys.stdout.write(out)
+"""
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        p = int(entry)
+        children.setdefault(int(fields[1]), []).append(p)
+        rss[p] = int(fields[21]) * page
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack.extend(children.get(p, []))
+    return total
+
+
+def measure(
+    cmd: list[str], env: dict[str, str], cwd: str | None = None
+) -> tuple[float, float, int]:
+    """(wall seconds, peak MB, exit code) of one whole process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(proc.pid))
+            done.wait(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc.stderr and proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        print(
+            f"warning: {' '.join(cmd[:3])} exited {proc.returncode}: {stderr[-300:]}",
+            file=sys.stderr,
+        )
+    peak = max(peak, usage.ru_maxrss * 1024)
+    return wall, peak / 1e6, proc.returncode
+
+
+def _edit_target(root: Path) -> Path:
+    """A mid-sized tracked Python (or any source) file, chosen deterministically."""
+    listing = subprocess.run(
+        ["git", "-C", str(root), "ls-files"], capture_output=True, text=True, check=True
+    )
+    files = [
+        f
+        for f in listing.stdout.split()
+        if f.endswith((".py", ".js", ".ts", ".go", ".rs", ".java", ".c", ".rb"))
+    ]
+    files = [f for f in files if "test" not in f]
+    sized = sorted(files, key=lambda f: ((root / f).stat().st_size, f))
+    return root / sized[len(sized) // 2]
+
+
+def bench_repo(repo: Path, args: argparse.Namespace) -> list[list[str]]:
+    rows: list[list[str]] = []
+    work = Path(tempfile.mkdtemp(prefix="hybrid-bench-"))
+    clone = work / repo.name
+    subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
+    n_files = len(
+        subprocess.run(
+            ["git", "-C", str(clone), "ls-files"], capture_output=True, text=True
+        ).stdout.split()
+    )
+    target = _edit_target(clone)
+    original = target.read_bytes()
+    hybrid = shutil.which("hybrid")
+    hybrid_cmd = (
+        [hybrid] if hybrid else [sys.executable, "-c", "from hybrid.cli import main; main()"]
+    )
+    base_env = dict(os.environ, PYTHONHASHSEED="0")
+
+    def edit(i: int) -> None:
+        target.write_bytes(original + f"\n# benchmark edit {i}\n".encode())
+
+    def scenario(
+        name: str, cmd: list[str], env: dict[str, str], reset_cold, cold_runs: int
+    ) -> list[str]:  # type: ignore[no-untyped-def]
+        colds = []
+        for _ in range(cold_runs):
+            reset_cold()
+            target.write_bytes(original)
+            colds.append(measure(cmd, env))
+        warm = [measure(cmd, env) for _ in range(args.runs)]
+        one = []
+        for i in range(args.runs):
+            edit(i)
+            one.append(measure(cmd, env))
+        target.write_bytes(original)
+        peak = max(m[1] for m in colds + warm + one)
+        med = lambda ms: statistics.median(m[0] for m in ms)  # noqa: E731
+        return [name, f"{med(colds):.2f}", f"{med(warm):.2f}", f"{med(one):.2f}", f"{peak:.0f}"]
+
+    # hybrid
+    cache = work / "hybrid-cache"
+    env = dict(base_env, HYBRID_CACHE_DIR=str(cache))
+    cmd = [*hybrid_cmd, "map", str(clone), "--tokens", str(args.tokens), "--json"]
+    rows.append(
+        [
+            repo.name,
+            str(n_files),
+            *scenario(
+                "hybrid map",
+                cmd,
+                env,
+                lambda: shutil.rmtree(cache, ignore_errors=True),
+                args.cold_runs,
+            ),
+        ]
+    )
+    if args.task:
+        cmd_t = [
+            *hybrid_cmd,
+            "map",
+            str(clone),
+            "--tokens",
+            str(args.tokens),
+            "--task",
+            args.task,
+            "--json",
+        ]
+        rows.append(
+            [
+                repo.name,
+                str(n_files),
+                *scenario(
+                    "hybrid map --task",
+                    cmd_t,
+                    env,
+                    lambda: shutil.rmtree(cache, ignore_errors=True),
+                    args.cold_runs,
+                ),
+            ]
+        )
+
+    # aider
+    aider_python = args.aider_python
+    if aider_python and Path(aider_python).exists():
+        driver = work / "aider_driver.py"
+        driver.write_text(AIDER_DRIVER)
+        aider_cache = clone / ".aider.tags.cache.v4"
+        cmd = [aider_python, str(driver), str(clone), str(args.tokens)]
+        rows.append(
+            [
+                repo.name,
+                str(n_files),
+                *scenario(
+                    "aider RepoMap",
+                    cmd,
+                    base_env,
+                    lambda: shutil.rmtree(aider_cache, ignore_errors=True),
+                    1,
+                ),
+            ]
+        )
+        shutil.rmtree(aider_cache, ignore_errors=True)
+    else:
+        rows.append(
+            [
+                repo.name,
+                str(n_files),
+                "aider RepoMap",
+                "n/a",
+                "n/a",
+                "n/a",
+                "n/a  (no --aider-python)",
+            ]
+        )
+
+    # universal-ctags: no cache, no ranking
+    if shutil.which("ctags"):
+        tags_out = work / "tags"
+        runs = [
+            measure(["ctags", "-R", "-f", str(tags_out), str(clone)], base_env)
+            for _ in range(args.runs)
+        ]
+        t = statistics.median(m[0] for m in runs)
+        rows.append(
+            [
+                repo.name,
+                str(n_files),
+                "ctags -R (unranked)",
+                f"{t:.2f}",
+                f"{t:.2f}",
+                f"{t:.2f}",
+                f"{max(m[1] for m in runs):.0f}",
+            ]
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repo", action="append", required=True, help="a git checkout (repeatable)"
+    )
+    parser.add_argument(
+        "--aider-python",
+        default=os.environ.get("HYBRID_AIDER_PYTHON", "/tmp/aider-venv/bin/python"),
+    )
+    parser.add_argument("--tokens", type=int, default=1024, help="map token budget for both tools")
+    parser.add_argument("--runs", type=int, default=3, help="runs per warm / one-file scenario")
+    parser.add_argument("--cold-runs", type=int, default=1, help="cold runs for hybrid")
+    parser.add_argument("--task", default="", help="also time `hybrid map --task TEXT`")
+    args = parser.parse_args()
+    rows: list[list[str]] = []
+    for repo in args.repo:
+        rows.extend(bench_repo(Path(repo).resolve(), args))
+        print(f"done {repo}", file=sys.stderr)
+    header = ["repo", "files", "tool", "cold s", "warm s", "one file changed s", "peak MB"]
+    print(
+        f"\nrepo map build, whole process, {os.cpu_count()} cores, medians of {args.runs} (cold: {args.cold_runs})\n"
+    )
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    by = {(r[0], r[2]): r for r in rows}
+    print()
+    for repo in dict.fromkeys(r[0] for r in rows):
+        h, a = by.get((repo, "hybrid map")), by.get((repo, "aider RepoMap"))
+        if h and a and a[3] != "n/a":
+            ratios = [float(a[k]) / max(float(h[k]), 1e-9) for k in (3, 4, 5)]
+            print(
+                f"{repo}: aider/hybrid time ratio cold {ratios[0]:.1f}x, warm {ratios[1]:.1f}x, one file {ratios[2]:.1f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
