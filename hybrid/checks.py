@@ -41,10 +41,13 @@ Data = str | bytes | os.PathLike[str]
 R = TypeVar("R", bound="CheckReport")
 
 
-class CheckReport(BaseModel):
-    """What every check reports: the verdict and how the sandboxed run ended."""
+class _Model(BaseModel):
+    # Built on first use, not at import: a `hybrid check` process validates one report type.
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
-    model_config = ConfigDict(extra="ignore")
+
+class CheckReport(_Model):
+    """What every check reports: the verdict and how the sandboxed run ended."""
 
     ok: bool = Field(description="The check passed (and the run ended normally).")
     termination: Termination = Field(Termination.OK, description="How the module run ended.")
@@ -63,7 +66,7 @@ class CheckReport(BaseModel):
         raise error(f"check ended with {self.termination.value}: {self.detail}", result=self)
 
 
-class BadRow(BaseModel):
+class BadRow(_Model):
     """The first row that failed: ragged, or a value of the wrong type."""
 
     line: int = Field(description="1-based line number in the file.")
@@ -88,7 +91,7 @@ class CsvReport(CheckReport):
     problems: list[str] = Field(default_factory=list, description="One readable line per problem.")
 
 
-class JsonSyntaxError(BaseModel):
+class JsonSyntaxError(_Model):
     """Where a document stops being JSON."""
 
     line: int
@@ -96,7 +99,7 @@ class JsonSyntaxError(BaseModel):
     message: str
 
 
-class JsonFailure(BaseModel):
+class JsonFailure(_Model):
     """One schema failure at a JSON path such as ``$.items[2].name``."""
 
     path: str
@@ -115,7 +118,7 @@ class JsonReport(CheckReport):
     error_count: int = Field(0, description="All failures, including any beyond max_errors.")
 
 
-class GrepMatch(BaseModel):
+class GrepMatch(_Model):
     """One matching line with its context."""
 
     path: str = Field(description="Path relative to the searched directory.")
@@ -155,7 +158,7 @@ class RedactReport(CheckReport):
     cut_bytes: int = 0
 
 
-class TouchedFile(BaseModel):
+class TouchedFile(_Model):
     """One path a diff touches."""
 
     path: str
@@ -169,7 +172,7 @@ class TouchedFile(BaseModel):
     similarity: str | None = None
 
 
-class ScopeViolation(BaseModel):
+class ScopeViolation(_Model):
     """A path the policy does not allow, and the rule that says so."""
 
     path: str
