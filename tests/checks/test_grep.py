@@ -111,3 +111,13 @@ def test_cli_output_format(tree: Path, hybrid_cli) -> None:
     assert "1 matching lines" in err
     code, out, _ = hybrid_cli("check", "grep", "nomatch-xyz", str(tree))
     assert code == 1 and out == ""
+
+
+def test_deadline_stops_a_long_search(tmp_path: Path) -> None:
+    for i in range(3):  # about 0.3 s of searching in all
+        (tmp_path / f"big{i}.txt").write_text(("ab" * 200 + "\n") * 30000)
+    start = time.perf_counter()
+    report = grep(r"(\w+\s?)*x$", tmp_path, budget=Budget(wall_seconds=0.03, fuel=10**12))
+    assert time.perf_counter() - start < 5
+    assert report.termination is Termination.TIMEOUT
+    assert not report.ok and report.matches == []
