@@ -19,10 +19,12 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from wasmtime import WasmtimeError
 from wasmtime.component import Component
 
 from hybrid.errors import EngineUnavailable
 from hybrid.paths import cache_dir
+from hybrid.wasm import engine as _engine
 from hybrid.wasm.cache import CACHE
 
 WORLD = "snippet"
@@ -101,10 +103,21 @@ def build(*, force: bool = False, progress: Progress | None = None) -> Path:
 
 
 def _prune(keep: Path) -> None:
-    """Remove components built from older guest sources (each is ~40 MB)."""
+    """Remove components built from older guest sources (~40 MB each, ~60 MB compiled)."""
     for old in keep.parent.glob("guest-*"):
-        if old.stem != keep.stem:
-            old.unlink(missing_ok=True)
+        if old.stem == keep.stem:
+            continue
+        if old.suffix == ".key":
+            compiled = _compiled_path(old.read_text().strip())
+            if compiled is not None:
+                compiled.unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+
+
+def _compiled_path(key: str) -> Path | None:
+    if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
+        return None
+    return CACHE.directory / f"{key}.component"
 
 
 def _componentize(root: Path, target: Path) -> None:
@@ -152,6 +165,21 @@ def _componentize(root: Path, target: Path) -> None:
             os.unlink(tmp)
 
 
+def _known_key(path: Path) -> str | None:
+    """The compiled cache's key for the component at ``path``, remembered beside it.
+
+    Hashing the ~40 MB component on every process start costs ~70 ms; the key file makes the
+    compiled form load in ~2 ms. The key includes the engine fingerprint, so a wasmtime upgrade
+    simply finds no compiled file under it and compiles again.
+    """
+    try:
+        key = path.with_suffix(".key").read_text().strip()
+    except OSError:
+        return None
+    compiled = _compiled_path(key)
+    return key if compiled is not None and compiled.is_file() else None
+
+
 def is_ready() -> bool:
     """True when the component is built and compiled for this wasmtime (first use will be fast)."""
     if _component is not None:
@@ -159,7 +187,34 @@ def is_ready() -> bool:
     path = component_path()
     if not path.is_file():
         return False
+    if _known_key(path) is not None:
+        return True
     return (CACHE.directory / f"{CACHE.key(path.read_bytes())}.component").is_file()
+
+
+def _load(path: Path, progress: Progress | None) -> Component:
+    key = _known_key(path)
+    if key is not None:
+        compiled = _compiled_path(key)
+        assert compiled is not None
+        try:
+            return Component.deserialize_file(_engine.engine(), str(compiled))
+        except WasmtimeError:
+            compiled.unlink(missing_ok=True)  # stale or corrupt: go through the cache below
+    data = path.read_bytes()
+    key = CACHE.key(data)
+    if progress and not (CACHE.directory / f"{key}.component").is_file():
+        progress("compiling the python-wasm guest for this wasmtime (one time, ~10 s)")
+    loaded = CACHE.component(data, name="python-wasm guest")
+    _write_key(path.with_suffix(".key"), key)
+    return loaded
+
+
+def _write_key(target: Path, key: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".key-")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
+    os.replace(tmp, target)
 
 
 def component(progress: Progress | None = None) -> Component:
@@ -170,11 +225,7 @@ def component(progress: Progress | None = None) -> Component:
     with _lock:
         if _component is not None:
             return _component
-    path = build(progress=progress)
-    data = path.read_bytes()
-    if progress and not (CACHE.directory / f"{CACHE.key(data)}.component").is_file():
-        progress("compiling the python-wasm guest for this wasmtime (one time, ~10 s)")
-    compiled = CACHE.component(data, name="python-wasm guest")
+    compiled = _load(build(progress=progress), progress)
     with _lock:
         _component = compiled
     return compiled
