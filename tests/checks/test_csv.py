@@ -157,3 +157,17 @@ def test_whole_process_console_script() -> None:
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["missing"] == ["weight_kg"]
     assert done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        ("a,b\n1,2\n\n3\n", 4),  # a blank line before the bad row still counts
+        ("a,b\r\n1,2\r\n3\r\n", 3),  # CRLF
+        ("a,b\r\n1,2\r\n\r\n3\r\n", 4),
+        ('a,b\n1,"x\ny"\n3\n', 4),  # a quoted newline spans two lines
+    ],
+)
+def test_line_numbers_are_file_lines(data: str, line: int) -> None:
+    bad = check_csv(data).first_bad_row
+    assert bad is not None and bad.line == line

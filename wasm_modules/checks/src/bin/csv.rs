@@ -121,12 +121,16 @@ fn main() {
         }
     }
 
-    let stdin = std::io::stdin();
+    // In memory, so line numbers come from byte offsets: csv's own line counter skips blank
+    // lines and miscounts CRLF files.
+    let data = hybrid_checks::read_stdin();
     let mut reader = csv::ReaderBuilder::new()
         .delimiter(delim)
         .has_headers(false)
         .flexible(true)
-        .from_reader(stdin.lock());
+        .from_reader(&data[..]);
+    let mut counted_to = 0usize;
+    let mut line_at = 1u64;
     let mut record = csv::ByteRecord::new();
 
     let header_read = match reader.read_byte_record(&mut record) {
@@ -181,7 +185,18 @@ fn main() {
             Err(err) => fail("input", &format!("cannot read CSV: {}", err)),
         }
         rows += 1;
-        let line = record.position().map(|p| p.line()).unwrap_or(0);
+        // A record's position is where reading began, before any blank lines (or the '\n' of a
+        // CRLF) it skipped; the record itself starts after them.
+        let mut offset =
+            record.position().map(|p| p.byte() as usize).unwrap_or(counted_to).min(data.len());
+        while offset < data.len() && (data[offset] == b'\n' || data[offset] == b'\r') {
+            offset += 1;
+        }
+        if offset > counted_to {
+            line_at += data[counted_to..offset].iter().filter(|&&b| b == b'\n').count() as u64;
+            counted_to = offset;
+        }
+        let line = line_at;
         let mut problem: Option<Value> = None;
         if record.len() != width {
             problem = Some(json!({
