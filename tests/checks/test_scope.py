@@ -182,3 +182,18 @@ def test_quoted_and_unicode_paths(repo: Path) -> None:
         ('src/quo"te.txt', None, "modified"),
         ("src/rénamed file.txt", "src/ünï cödé.txt", "renamed"),
     }
+
+
+def test_format_patch_series_and_log_p(repo: Path) -> None:
+    git(repo, "mv", "src/gone.txt", "src/kept.txt")
+    git(repo, "commit", "-qm", "rename only")
+    (repo / "src" / "new.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "add new.py\n\n- a bullet line\n+ another one\n")
+    for text in (git(repo, "format-patch", "-2", "--stdout"), git(repo, "log", "-p", "-2")):
+        report = scope(text, allow=["src"])
+        assert report.ok, report.violations
+        assert {(f.path, f.status) for f in report.files} == {
+            ("src/kept.txt", "renamed"),
+            ("src/new.py", "added"),
+        }

@@ -400,6 +400,13 @@ impl<'a> Parser<'a> {
                 }
                 continue;
             }
+            if l == "-- " {
+                // A format-patch signature ends one patch; a series may follow with its own
+                // message, whose lines must not be read as stray changes of the last file.
+                self.finish();
+                i += 1;
+                continue;
+            }
             let in_git_header = matches!(&self.current, Some(f) if f.git && !f.headers_done);
             if in_git_header {
                 let f = self.current.as_mut().expect("current");
@@ -448,9 +455,6 @@ impl<'a> Parser<'a> {
                 }
                 i += 1;
                 continue;
-            }
-            if l == "-- " || l == "--" {
-                break; // git format-patch signature: the patch is over
             }
             let after_hunks = matches!(&self.current, Some(f) if f.headers_done);
             if after_hunks && (l.starts_with('+') || l.starts_with('-')) {
