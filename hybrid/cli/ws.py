@@ -135,7 +135,9 @@ def shell(name: str, program: str) -> None:
         raise EngineUnavailable(
             "the docker command-line client is needed for an interactive shell (apt-get install docker.io)"
         )
-    argv = ["docker", "exec", "-it", "-u", workstation.user, "-w", workstation.spec.workspace]
+    # -t only with a terminal: piped input (a script, a test) still reaches the shell.
+    mode = "-it" if sys.stdin.isatty() else "-i"
+    argv = ["docker", "exec", mode, "-u", workstation.user, "-w", workstation.spec.workspace]
     for key, value in workstation._environment(None).items():
         argv += ["-e", f"{key}={value}"]
     argv += [workstation.id, program]

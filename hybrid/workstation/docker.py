@@ -220,6 +220,8 @@ class DockerWorkstation:
         if not argv:
             raise InvalidInput("empty command")
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
+        if workdir is not None and not workdir.startswith("/"):
+            workdir = f"{self.spec.workspace}/{workdir}"
         environment = self._environment(env)
         limit = self.spec.budget.output_bytes
         api = client().api

@@ -129,7 +129,7 @@ def _containers(engine: dict[str, Any], deep: bool) -> list[TierStatus]:
         detail = f"Docker {version}, runtime {runtime}, cgroup {info.get('CgroupVersion', '?')}"
         if runtime not in runtimes:
             if shutil.which("runsc") is None:
-                fix = f"apt-get install -y runsc, then {ENGINE_SCRIPT} (registers it and restarts nothing else)"
+                fix = f"apt-get install -y runsc, then restart dockerd with the config {ENGINE_SCRIPT} writes"
             else:
                 fix = (
                     "register runsc in the daemon config "
@@ -180,6 +180,12 @@ def _has_image(made: Any, tag: str) -> bool:
         return False
 
 
+def _owner() -> str:
+    from hybrid.workstation.docker import _owner as owner
+
+    return owner()
+
+
 def _smoke(made: Any, runtime: str, image: str) -> str:
     """Run `true` hardened under ``runtime`` with a hard timeout (runsc can hang on a bad platform)."""
     outcome: dict[str, str] = {}
@@ -195,7 +201,7 @@ def _smoke(made: Any, runtime: str, image: str) -> str:
                 read_only=True,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
-                labels={"hybrid.managed": "1", "hybrid.kind": "doctor"},
+                labels={"hybrid.managed": "1", "hybrid.kind": "doctor", "hybrid.owner": _owner()},
             )
             container.start()
             status = container.wait(timeout=30)

@@ -132,3 +132,23 @@ def test_cli_run_returns_the_command_status(engine):
     assert payload["route"]["tier"] == "docker"
     assert payload["result"]["stdout"] == "out\n"
     assert payload["result"]["exit_code"] == 3
+
+
+def test_shell_attaches_to_a_running_workstation(engine):
+    with engine.create(SandboxSpec(tier="docker"), name=f"shell-{os.getpid()}") as ws:
+        ws.put(b"state kept\n", "note.txt")
+        attached = _hybrid_input(
+            "cat note.txt; id -u; pwd\n", "ws", "shell", ws.name, "--shell", "/bin/sh"
+        )
+        assert attached.returncode == 0, attached.stderr
+        assert attached.stdout.splitlines() == ["state kept", "1000", "/workspace"]
+
+
+def _hybrid_input(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from hybrid.cli import main; main()", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
