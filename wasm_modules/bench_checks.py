@@ -27,7 +27,10 @@ from pathlib import Path
 from hybrid import checks
 
 REPO = Path(__file__).resolve().parent.parent
-HYBRID = shutil.which("hybrid") or "hybrid"
+# The console script next to this interpreter: a version-manager shim in front of it on PATH
+# would add its own start-up cost to every whole-process number.
+_SIBLING = Path(sys.executable).with_name("hybrid")
+HYBRID = str(_SIBLING) if _SIBLING.exists() else (shutil.which("hybrid") or "hybrid")
 
 
 def make_inputs(root: Path) -> dict[str, tuple[Callable[[], object], list[str]]]:
