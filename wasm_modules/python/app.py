@@ -13,6 +13,7 @@ import contextlib
 import gc
 import importlib
 import io
+import itertools
 import json
 import linecache
 import math
@@ -223,6 +224,14 @@ _COMPARISONS = (
     (ast.NotIn, "not in", lambda a, b: a not in b),
 )
 _OP_INDEX = {op: i for i, (op, _, _) in enumerate(_COMPARISONS)}
+_marks = None  # [(phase, ns)] when the request asks for a profile (the benchmark does)
+
+
+def _mark(phase):
+    if _marks is not None:
+        _marks.append((phase, time.perf_counter_ns()))
+
+
 _HOOK = "__hybrid_tests__"
 _assert_lines = set()  # (filename, line) of the top-level asserts of the current run
 _ERROR = "__hybrid_error__"
@@ -233,10 +242,10 @@ def _short_repr(value):
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _stmt_name(node, source):
+def _stmt_name(node, source_lines):
     """A test's name: its source text on one line, shortened."""
     # Slicing the lines ourselves: ast.get_source_segment costs ~0.5 ms per call in the guest.
-    lines = source.splitlines()[node.lineno - 1 : node.end_lineno]
+    lines = source_lines[node.lineno - 1 : node.end_lineno]
     if lines:
         lines[-1] = lines[-1][: node.end_col_offset]
         lines[0] = lines[0][node.col_offset :]
@@ -249,11 +258,21 @@ def _is_test_function(node):
 
 
 def _test_items(tree, source):
+    source_lines = source.splitlines()
     for node in tree.body:
         if isinstance(node, ast.Assert):
-            yield _stmt_name(node, source)
+            yield _stmt_name(node, source_lines)
         elif _is_test_function(node):
             yield node.name
+
+
+def _loc(node, where):
+    """Give a new node ``where``'s location (cheaper than ast.fix_missing_locations' walk)."""
+    node.lineno = where.lineno
+    node.col_offset = where.col_offset
+    node.end_lineno = where.end_lineno
+    node.end_col_offset = where.end_col_offset
+    return node
 
 
 def _thunk(expr):
@@ -262,16 +281,21 @@ def _thunk(expr):
         args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
         body=expr,
     )
-    return ast.copy_location(node, expr)
+    return _loc(node, expr)
+
+
+def _const(value, where):
+    return _loc(ast.Constant(value), where)
+
+
+def _name(identifier, where):
+    return _loc(ast.Name(id=identifier, ctx=ast.Load()), where)
 
 
 def _hook_call(method, args, where):
-    call = ast.Call(
-        func=ast.Attribute(value=ast.Name(id=_HOOK, ctx=ast.Load()), attr=method, ctx=ast.Load()),
-        args=args,
-        keywords=[],
-    )
-    return ast.copy_location(ast.Expr(value=call), where)
+    func = _loc(ast.Attribute(value=_name(_HOOK, where), attr=method, ctx=ast.Load()), where)
+    call = _loc(ast.Call(func=func, args=args, keywords=[]), where)
+    return _loc(ast.Expr(value=call), where)
 
 
 class _Tests:
@@ -283,6 +307,7 @@ class _Tests:
         self.run = run
         self.source = source
         self.filename = filename
+        self.source_lines = source.splitlines()
         self.names = []
         self.texts = []
         self.lines = []
@@ -297,34 +322,31 @@ class _Tests:
                 body.append(node)
                 functions.append(node.name)
             else:
+                args = [_const(node.lineno, node), _name(_ERROR, node)]
                 handler = ast.ExceptHandler(
-                    type=ast.Name(id="BaseException", ctx=ast.Load()),
+                    type=_name("BaseException", node),
                     name=_ERROR,
-                    body=[
-                        _hook_call(
-                            "setup_failed",
-                            [ast.Constant(node.lineno), ast.Name(id=_ERROR, ctx=ast.Load())],
-                            node,
-                        )
-                    ],
+                    body=[_hook_call("setup_failed", args, node)],
                 )
-                guarded = ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[])
-                body.append(ast.copy_location(guarded, node))
+                guarded = ast.Try(
+                    body=[node], handlers=[_loc(handler, node)], orelse=[], finalbody=[]
+                )
+                body.append(_loc(guarded, node))
         tree.body = body
-        return ast.fix_missing_locations(tree), functions
+        return tree, functions
 
     def _assert(self, node):
         index = len(self.names)
-        self.names.append(_stmt_name(node, self.source))
+        self.names.append(_stmt_name(node, self.source_lines))
         self.lines.append(node.lineno)
         _assert_lines.update((self.filename, n) for n in range(node.lineno, node.end_lineno + 1))
         test = node.test
-        message = _thunk(node.msg) if node.msg is not None else ast.Constant(None)
+        message = _thunk(node.msg) if node.msg is not None else _const(None, node)
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OP_INDEX:
             self.texts.append("")
             args = [
-                ast.Constant(index),
-                ast.Constant(_OP_INDEX[type(test.ops[0])]),
+                _const(index, node),
+                _const(_OP_INDEX[type(test.ops[0])], node),
                 _thunk(test.left),
                 _thunk(test.comparators[0]),
                 message,
@@ -332,10 +354,10 @@ class _Tests:
         else:
             self.texts.append("assert " + ast.unparse(test))
             args = [
-                ast.Constant(index),
-                ast.Constant(-1),
+                _const(index, node),
+                _const(-1, node),
                 _thunk(test),
-                ast.Constant(None),
+                _const(None, node),
                 message,
             ]
         return _hook_call("check", args, node)
@@ -413,8 +435,11 @@ class _Run:
         namespace = {"__name__": "__main__", "__builtins__": builtins, "__file__": self.filename}
         _register(self.filename, self.source)
         try:
+            _mark("start")
             code = compile(self.source, self.filename, "exec")
+            _mark("compile snippet")
             exec(code, namespace)
+            _mark("exec snippet")
         except SystemExit as exc:
             self.exit_code = _exit_status(exc.code)
             self._skip_tests(f"not run: the snippet exited with status {self.exit_code}")
@@ -446,11 +471,16 @@ class _Run:
         except SyntaxError as exc:
             self.record(self.tests_filename, exc)
             return
+        _mark("parse tests")
         tests = _Tests(self, self.tests, self.tests_filename)
         tree, functions = tests.transform(tree)
+        _mark("transform tests")
         namespace[_HOOK] = tests
         try:
-            exec(compile(tree, self.tests_filename, "exec"), namespace)
+            code = compile(tree, self.tests_filename, "exec")
+            _mark("compile tests")
+            exec(code, namespace)
+            _mark("run tests")
             for name in functions:
                 func = namespace.get(name)
                 if callable(func):
@@ -476,7 +506,8 @@ def _modules():
 
 
 def _handle(request):
-    global _deadline
+    global _deadline, _marks
+    _marks = [] if request.get("profile") else None
     if request.get("op") == "modules":
         return _modules()
     _deadline = time.monotonic() + float(request.get("wall_seconds") or math.inf)
@@ -492,7 +523,12 @@ def _handle(request):
         run.error = f"internal error in the python-wasm harness: {_describe(exc)}"
         run.traceback = "".join(traceback.format_exception(exc))
     broken = _flush()
+    _mark("flush")
+    profile = None
+    if _marks:
+        profile = {b[0]: (b[1] - a[1]) / 1e6 for a, b in itertools.pairwise(_marks)}
     return {
+        "profile": profile,
         "exit_code": run.exit_code,
         "error": run.error,
         "traceback": run.traceback,
