@@ -162,6 +162,11 @@ def _render(result: ExecutionResult, streamed: bool) -> None:
             click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
         if result.stderr:
             click.echo(result.stderr, nl=not result.stderr.endswith("\n"), err=True)
+    if result.traceback:
+        click.echo(result.traceback, nl=not result.traceback.endswith("\n"), err=True)
+    for test in result.tests:
+        if not test.passed:
+            click.echo(f"FAILED {test.name}: {test.message}", err=True)
     for flag, name in ((result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")):
         if flag:
             click.echo(f"hybrid: {name} was cut at the output budget", err=True)
