@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -75,10 +74,6 @@ def _usage_line(report: checks.CheckReport) -> str:
     return f"({report.usage.wall_ms:.1f} ms in wasm{fuel})"
 
 
-def _with_budget(func: Any) -> Any:
-    return budget_options(func)
-
-
 @check.command("csv")
 @click.argument("file")
 @click.option("--require", help="Comma-separated columns that must exist.")
@@ -87,7 +82,7 @@ def _with_budget(func: Any) -> Any:
 )
 @click.option("--delimiter", default=",", show_default=True, help="One character; 'tab' for tabs.")
 @click.option("--allow-empty", is_flag=True, help="Empty cells pass the type checks.")
-@_with_budget
+@budget_options
 @json_option
 def csv_cmd(
     file: str,
@@ -135,7 +130,7 @@ def csv_cmd(
     help="A JSON schema (small subset) to validate against.",
 )
 @click.option("--max-errors", default=100, show_default=True, help="Failures to list.")
-@_with_budget
+@budget_options
 @json_option
 def json_cmd(
     file: str,
@@ -188,7 +183,7 @@ def json_cmd(
     show_default=True,
     help="Stop after this many matching lines.",
 )
-@_with_budget
+@budget_options
 @json_option
 def grep_cmd(
     pattern: str,
@@ -250,7 +245,7 @@ def grep_cmd(
 )
 @click.option("--no-entropy", is_flag=True, help="Do not scrub high-entropy tokens.")
 @click.option("--label", help="Source label put on the evidence marker.")
-@_with_budget
+@budget_options
 @json_option
 def redact_cmd(
     file: str,
@@ -297,7 +292,7 @@ def redact_cmd(
     is_flag=True,
     help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).",
 )
-@_with_budget
+@budget_options
 @json_option
 def scope_cmd(
     diff: str,
