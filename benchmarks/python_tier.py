@@ -25,6 +25,7 @@ one-time costs (first use in a new process).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -35,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPING = ROOT / "tests" / "python_wasm" / "shipping"
@@ -222,6 +224,37 @@ def throughput(threads: int, total: int) -> float:
     return per_thread * threads / elapsed
 
 
+def _process_worker(runs: int, start: Any, results: Any) -> None:
+    source, tests, expected = SNIPPETS["shipping (2 asserts + csv)"]
+    run = wasm_runner(source, tests, expected)
+    run()  # load the component and warm up before the common start
+    start.wait()
+    begin = time.perf_counter()
+    for _ in range(runs):
+        run()
+    results.put((begin, time.perf_counter()))
+
+
+def process_throughput(processes: int, total: int) -> float:
+    """Isolated shipping runs per second with ``processes`` processes (one Engine each)."""
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(processes + 1)
+    results = ctx.Queue()
+    per_process = total // processes
+    workers = [
+        ctx.Process(target=_process_worker, args=(per_process, start, results))
+        for _ in range(processes)
+    ]
+    for w in workers:
+        w.start()
+    start.wait()
+    spans = [results.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join()
+    elapsed = max(end for _, end in spans) - min(begin for begin, _ in spans)
+    return per_process * processes / elapsed
+
+
 def first_use_in_new_process() -> tuple[float, float]:
     """(ms to load the compiled component, ms for the first run) in a fresh interpreter."""
     code = (
@@ -258,6 +291,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200, help="runs per snippet (wasm, python3)")
     parser.add_argument("--docker-runs", type=int, default=20, help="runs per snippet (docker)")
     parser.add_argument("--threads", default="1,2,4", help="thread counts for throughput")
+    parser.add_argument("--processes", default="1,2", help="process counts for throughput")
     parser.add_argument("--throughput-runs", type=int, default=600)
     args = parser.parse_args()
 
@@ -324,10 +358,16 @@ def main() -> None:
     print()
     print("Throughput: isolated shipping runs (fresh instance each), threads sharing one Engine")
     print()
-    print("| threads | runs/s |")
+    print("| threads in one process | runs/s |")
     print("|---:|---:|")
     for threads in (int(t) for t in args.threads.split(",")):
         print(f"| {threads} | {throughput(threads, args.throughput_runs):.0f} |")
+    print()
+    print("| processes (one Engine each, 1 thread) | runs/s |")
+    print("|---:|---:|")
+    for processes in (int(p) for p in args.processes.split(",")):
+        rate = process_throughput(processes, args.throughput_runs)
+        print(f"| {processes} | {rate:.0f} |")
 
     load, first = first_use_in_new_process()
     print()

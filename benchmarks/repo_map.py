@@ -107,7 +107,7 @@ def measure(
             file=sys.stderr,
         )
     peak = max(peak, usage.ru_maxrss * 1024)
-    return wall, peak / 1e6, proc.returncode
+    return wall, peak / 1e6, proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def _edit_target(root: Path) -> Path:
@@ -161,8 +161,11 @@ def bench_repo(repo: Path, args: argparse.Namespace) -> list[list[str]]:
             one.append(measure(cmd, env))
         target.write_bytes(original)
         peak = max(m[1] for m in colds + warm + one)
-        med = lambda ms: statistics.median(m[0] for m in ms)  # noqa: E731
-        return [name, f"{med(colds):.2f}", f"{med(warm):.2f}", f"{med(one):.2f}", f"{peak:.0f}"]
+
+        def med(ms: list[tuple[float, float, int, float]]) -> str:
+            return f"{statistics.median(m[0] for m in ms):.2f} ({statistics.median(m[3] for m in ms):.2f})"
+
+        return [name, med(colds), med(warm), med(one), f"{peak:.0f}"]
 
     # hybrid
     cache = work / "hybrid-cache"
@@ -247,18 +250,11 @@ def bench_repo(repo: Path, args: argparse.Namespace) -> list[list[str]]:
             measure(["ctags", "-R", "-f", str(tags_out), str(clone)], base_env)
             for _ in range(args.runs)
         ]
-        t = statistics.median(m[0] for m in runs)
-        rows.append(
-            [
-                repo.name,
-                str(n_files),
-                "ctags -R (unranked)",
-                f"{t:.2f}",
-                f"{t:.2f}",
-                f"{t:.2f}",
-                f"{max(m[1] for m in runs):.0f}",
-            ]
-        )
+        wall = statistics.median(m[0] for m in runs)
+        cpu = statistics.median(m[3] for m in runs)
+        t = f"{wall:.2f} ({cpu:.2f})"
+        peak = f"{max(m[1] for m in runs):.0f}"
+        rows.append([repo.name, str(n_files), "ctags -R (unranked)", t, t, t, peak])
     shutil.rmtree(work, ignore_errors=True)
     return rows
 
@@ -285,7 +281,9 @@ def main() -> None:
         print(f"done {repo}", file=sys.stderr)
     header = ["repo", "files", "tool", "cold s", "warm s", "one file changed s", "peak MB"]
     print(
-        f"\nrepo map build, whole process, {os.cpu_count()} cores, medians of {args.runs} (cold: {args.cold_runs})\n"
+        f"\nrepo map build, whole process, {os.cpu_count()} cores; wall seconds (CPU seconds "
+        f"incl. children); medians of {args.runs} (cold: {args.cold_runs}); "
+        f"load average after the run {os.getloadavg()[0]:.1f}\n"
     )
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
@@ -296,7 +294,7 @@ def main() -> None:
     for repo in dict.fromkeys(r[0] for r in rows):
         h, a = by.get((repo, "hybrid map")), by.get((repo, "aider RepoMap"))
         if h and a and a[3] != "n/a":
-            ratios = [float(a[k]) / max(float(h[k]), 1e-9) for k in (3, 4, 5)]
+            ratios = [float(a[k].split()[0]) / max(float(h[k].split()[0]), 1e-9) for k in (3, 4, 5)]
             print(
                 f"{repo}: aider/hybrid time ratio cold {ratios[0]:.1f}x, warm {ratios[1]:.1f}x, one file {ratios[2]:.1f}x"
             )

@@ -17,7 +17,7 @@ from typing import Any
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 5
+SCHEMA = 6
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 
@@ -41,8 +41,8 @@ class TagCache:
                 "CREATE TABLE IF NOT EXISTS tags (key TEXT PRIMARY KEY, data BLOB) WITHOUT ROWID"
             )
             self._db.execute(
-                "CREATE TABLE IF NOT EXISTS graphs "
-                "(root TEXT PRIMARY KEY, fingerprint TEXT, data BLOB)"
+                "CREATE TABLE IF NOT EXISTS repo_graphs "
+                "(root TEXT PRIMARY KEY, fingerprint TEXT, data BLOB, files BLOB)"
             )
         except sqlite3.Error as exc:
             raise ContextError(f"tag cache {self.path} is not usable: {exc}") from exc
@@ -64,6 +64,17 @@ class TagCache:
                 found[key] = marshal.loads(data)
         return found
 
+    def existing(self, keys: Iterable[str]) -> set[str]:
+        """The subset of ``keys`` that is cached (without reading the payloads)."""
+        wanted = list(keys)
+        found: set[str] = set()
+        for start in range(0, len(wanted), _BATCH):
+            chunk = wanted[start : start + _BATCH]
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT key FROM tags WHERE key IN ({marks})", chunk)
+            found.update(key for (key,) in rows)
+        return found
+
     def put_many(self, items: Iterable[tuple[str, bytes]]) -> None:
         """Store already-marshalled payloads."""
         with self._db:
@@ -73,23 +84,27 @@ class TagCache:
     def get_graph(self, root: str, fingerprint: str) -> Any | None:
         """The graph built for ``root`` if the repository still has this fingerprint."""
         row = self._db.execute(
-            "SELECT data FROM graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
+            "SELECT data FROM repo_graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
         ).fetchone()
         return marshal.loads(row[0]) if row else None
 
     def has_graph(self, root: str, fingerprint: str) -> bool:
         """Whether a graph for exactly this fingerprint is stored (without loading it)."""
         row = self._db.execute(
-            "SELECT 1 FROM graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
+            "SELECT 1 FROM repo_graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
         ).fetchone()
         return row is not None
 
-    def put_graph(self, root: str, fingerprint: str, data: Any) -> None:
-        """Remember the graph built for ``root`` (one per root, replaced on change)."""
-        blob = marshal.dumps(data)
+    def get_graph_files(self, root: str) -> dict[str, Any]:
+        """Per-file inputs of the last graph built for ``root`` (whatever its fingerprint)."""
+        row = self._db.execute("SELECT files FROM repo_graphs WHERE root = ?", (root,)).fetchone()
+        return marshal.loads(row[0]) if row and row[0] else {}
+
+    def put_graph(self, root: str, fingerprint: str, data: Any, files: Any) -> None:
+        """Remember the graph built for ``root`` and its per-file inputs (one per root)."""
         self._db.execute(
-            "INSERT OR REPLACE INTO graphs (root, fingerprint, data) VALUES (?, ?, ?)",
-            (root, fingerprint, blob),
+            "INSERT OR REPLACE INTO repo_graphs (root, fingerprint, data, files) VALUES (?, ?, ?, ?)",
+            (root, fingerprint, marshal.dumps(data), marshal.dumps(files)),
         )
 
     def close(self) -> None:

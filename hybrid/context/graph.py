@@ -59,47 +59,49 @@ def path_terms(path: str) -> list[str]:
     return terms(path.replace("/", " ").replace(".", " ").replace("-", " "))
 
 
-def _pack(postings: dict[str, list[tuple[int, int]]]) -> dict[str, tuple[bytes, bytes]]:
-    """term -> (file ids as int32 bytes, summed term frequencies as float32 bytes)."""
-    packed: dict[str, tuple[bytes, bytes]] = {}
-    for term in sorted(postings):
-        merged: dict[int, int] = {}
-        for i, c in postings[term]:
-            merged[i] = merged.get(i, 0) + c
-        ids = sorted(merged)
-        packed[term] = (array("i", ids).tobytes(), array("f", (merged[i] for i in ids)).tobytes())
-    return packed
+# What the graph needs of one file: (lang, defined names, references, import specs,
+# BM25 terms, number of definitions, error). Kept next to the graph so that a rebuild after
+# a small change reads only the changed files' payloads.
+Slim = tuple[str, list[str], dict[str, int], list[str], dict[str, int], int, str]
 
 
-def build_graph(payloads: dict[str, Payload]) -> GraphData:
-    """Build the graph and the BM25 index from every file's tags."""
-    paths = sorted(payloads)
+def slim(payload: Payload) -> Slim:
+    """The part of a file's tags that the graph is built from."""
+    lang, defs, refs, specs, tf, error = payload
+    return (lang, sorted({d[0] for d in defs}), refs, specs, tf, len(defs), error)
+
+
+def build_graph(files: dict[str, Slim]) -> GraphData:
+    """Build the file/symbol graph and the BM25 statistics from every file's ``Slim``."""
+    paths = sorted(files)
     file_id = {p: i for i, p in enumerate(paths)}
     n = len(paths)
     definers: dict[str, list[int]] = {}
     for i, p in enumerate(paths):
-        for name in sorted({d[0] for d in payloads[p][1]}):
+        for name in files[p][1]:
             definers.setdefault(name, []).append(i)
     symbols = sorted(definers)
     sym_id = {s: n + j for j, s in enumerate(symbols)}
+    name_weight = {name: _ref_weight(name, len(ids)) for name, ids in definers.items()}
 
     src = array("i")
     dst = array("i")
     weight = array("d")
     resolver = Resolver(paths)
     imports: list[list[int]] = []
-    postings: dict[str, list[tuple[int, int]]] = {}
+    terms_of: list[dict[str, int]] = []
+    path_terms_of: list[list[str]] = []
     doc_len = array("d")
+    sqrt = math.sqrt
     for i, p in enumerate(paths):
-        lang, _defs, refs, specs, tf, _err = payloads[p]
-        # references: file -> symbol (payload order is deterministic: it is the parse order)
+        lang, _names, refs, specs, tf, _n, _err = files[p]
+        # references: file -> symbol (dict order is the parse order: deterministic)
         for name, count in refs.items():
             s = sym_id.get(name)
-            if s is None:
-                continue
-            src.append(i)
-            dst.append(s)
-            weight.append(math.sqrt(count) * _ref_weight(name, len(definers[name])))
+            if s is not None:
+                src.append(i)
+                dst.append(s)
+                weight.append(sqrt(count) * name_weight[name])
         # imports: file -> file
         targets: set[int] = set()
         for spec in specs:
@@ -113,13 +115,10 @@ def build_graph(payloads: dict[str, Payload]) -> GraphData:
             src.append(i)
             dst.append(t)
             weight.append(2.0)
-        for term, count in tf.items():
-            postings.setdefault(term, []).append((i, count))
-        length = sum(tf.values())
-        for term in path_terms(p):
-            postings.setdefault(term, []).append((i, PATH_WEIGHT))
-            length += PATH_WEIGHT
-        doc_len.append(float(length))
+        words = path_terms(p)
+        terms_of.append(tf)
+        path_terms_of.append(words)
+        doc_len.append(float(sum(tf.values()) + PATH_WEIGHT * len(words)))
     # definitions: symbol -> file
     for name in symbols:
         s = sym_id[name]
@@ -129,7 +128,7 @@ def build_graph(payloads: dict[str, Payload]) -> GraphData:
             weight.append(1.0)
     return {
         "paths": paths,
-        "langs": [payloads[p][0] for p in paths],
+        "langs": [files[p][0] for p in paths],
         "tests": [is_test_path(p) for p in paths],
         "symbols": symbols,
         "definers": [definers[s] for s in symbols],
@@ -137,10 +136,11 @@ def build_graph(payloads: dict[str, Payload]) -> GraphData:
         "dst": dst.tobytes(),
         "weight": weight.tobytes(),
         "imports": imports,
-        "postings": _pack(postings),
+        "terms": terms_of,
+        "path_terms": path_terms_of,
         "doc_len": doc_len.tobytes(),
-        "ndefs": [len(payloads[p][1]) for p in paths],
-        "errors": [payloads[p][5] for p in paths],
+        "ndefs": [files[p][5] for p in paths],
+        "errors": [files[p][6] for p in paths],
     }
 
 

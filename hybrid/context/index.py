@@ -84,6 +84,11 @@ class RepoIndex:
             self._files_by_path = {f.path: f for f in self.files}
         return self._files_by_path
 
+    def key_of(self, path: str) -> str:
+        """The cache key of one indexed file."""
+        f = self._by_path()[path]
+        return TagCache.key(f.content_id, f.lang)
+
     def tags(self, path: str) -> FileTags:
         """The tags of one file."""
         payload = self.payloads([path]).get(path)
@@ -155,21 +160,21 @@ def _scan_git(
     for entry in status.split(b"\0"):
         if len(entry) < 4:
             continue
-        xy, name = entry[:2], entry[3:].decode("utf-8", "surrogateescape")
+        xy, changed = entry[:2], entry[3:].decode("utf-8", "surrogateescape")
         if xy == b"??" or xy[1:2] not in (b" ",):
-            dirty.add(name)
+            dirty.add(changed)
         elif xy[0:1] == b"D":
-            ids.pop(name, None)
+            ids.pop(changed, None)
     files: list[SourceFile] = []
-    for name in sorted(set(ids) | dirty):
-        if prefix and not name.startswith(prefix):
+    for tracked in sorted(set(ids) | dirty):
+        if prefix and not tracked.startswith(prefix):
             continue
-        rel = name[len(prefix) :]
+        rel = tracked[len(prefix) :]
         lang = _wanted(rel, skipped)
         if lang is None:
             continue
         path = root / rel
-        if name in dirty:
+        if tracked in dirty:
             if not path.is_file():
                 continue
             content_id = _hash_file(path)
@@ -177,7 +182,7 @@ def _scan_git(
             if content_id is None:
                 continue
         else:
-            content_id = ids[name]
+            content_id = ids[tracked]
         files.append(SourceFile(rel, content_id, lang))
     return files
 
@@ -323,13 +328,11 @@ def build_index(
     by_key: dict[str, list[SourceFile]] = {}
     for f in files:
         by_key.setdefault(TagCache.key(f.content_id, f.lang), []).append(f)
-    cached = cache.get_many(by_key)
-    for key, payload in cached.items():
-        for f in by_key[key]:
-            index._payloads[f.path] = payload
+    cached = cache.existing(by_key)
     # Identical contents (empty __init__.py files...) are parsed once.
     todo = [group[0] for k, group in by_key.items() if k not in cached]
     stats.cached = len(files) - sum(len(by_key[TagCache.key(f.content_id, f.lang)]) for f in todo)
+    # cached payloads stay on disk until someone asks (RepoIndex.payloads)
     if todo:
         t1 = time.perf_counter()
         parsed, used = _parse(root_path, todo, workers or default_workers(), progress)

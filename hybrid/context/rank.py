@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from hybrid.context.graph import GraphData
+from hybrid.context.graph import PATH_WEIGHT, GraphData
 from hybrid.context.resolve import Resolver
 from hybrid.context.text import IDENT_RE, STOPWORDS, stem, terms
 
@@ -122,24 +122,28 @@ def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) 
 
 
 def bm25(graph: GraphData, query: list[str]) -> np.ndarray:
-    """BM25 score of every file for the query terms (from the packed postings)."""
+    """BM25 score of every file for the query terms (paths count PATH_WEIGHT per word)."""
     n = len(graph["paths"])
     scores = np.zeros(n)
     if not query or not n:
         return scores
     lengths = np.frombuffer(graph["doc_len"], dtype=np.float64)
-    avg = lengths.mean() or 1.0
-    norm = K1 * (1 - B + B * lengths / avg)
-    postings = graph["postings"]
-    for term in sorted(set(query)):
-        entry = postings.get(term)
-        if entry is None:
-            continue
-        ids = np.frombuffer(entry[0], dtype=np.int32)
-        tf = np.frombuffer(entry[1], dtype=np.float32).astype(np.float64)
-        df = len(ids)
-        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-        scores[ids] += query.count(term) * idf * tf * (K1 + 1) / (tf + norm[ids])
+    norm = K1 * (1 - B + B * lengths / (lengths.mean() or 1.0))
+    wanted = sorted(set(query))
+    tf = np.zeros((len(wanted), n))
+    for i, (file_tf, words) in enumerate(zip(graph["terms"], graph["path_terms"], strict=True)):
+        for k, term in enumerate(wanted):
+            c = file_tf.get(term, 0)
+            if term in words:
+                c += PATH_WEIGHT * words.count(term)
+            if c:
+                tf[k, i] = c
+    for k, term in enumerate(wanted):
+        row = tf[k]
+        df = int(np.count_nonzero(row))
+        if df:
+            idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            scores += query.count(term) * idf * row * (K1 + 1) / (row + norm)
     return scores
 
 
@@ -240,8 +244,7 @@ def rank(
 
 
 def _has_term(graph: GraphData, term: str, i: int) -> bool:
-    entry = graph["postings"].get(term)
-    return entry is not None and i in np.frombuffer(entry[0], dtype=np.int32)
+    return term in graph["terms"][i] or term in graph["path_terms"][i]
 
 
 def _reasons(

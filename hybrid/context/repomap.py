@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import GraphData, build_graph
+from hybrid.context.graph import GraphData, Slim, build_graph, slim
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
 from hybrid.context.rank import Mode, Ranking, rank
@@ -54,8 +54,22 @@ def load_graph(
     key = str(Path(root).resolve())
     graph = cache.get_graph(key, index.fingerprint)
     if graph is None:
-        graph = build_graph(index.payloads())
-        cache.put_graph(key, index.fingerprint, graph)
+        # Rebuild from the previous graph's per-file inputs; read only what changed.
+        previous = cache.get_graph_files(key)
+        files: dict[str, tuple[str, Slim]] = {}
+        changed: list[str] = []
+        for f in index.files:
+            content_key = TagCache.key(f.content_id, f.lang)
+            old = previous.get(f.path)
+            if old is not None and old[0] == content_key:
+                files[f.path] = old
+            else:
+                changed.append(f.path)
+        for path, payload in index.payloads(changed).items():
+            f_key = index.key_of(path)
+            files[path] = (f_key, slim(payload))
+        graph = build_graph({p: v[1] for p, v in files.items()})
+        cache.put_graph(key, index.fingerprint, graph, files)
     graph["_index"] = index
     return graph
 

@@ -118,10 +118,10 @@ class Resolver:
         if lang == "go":
             parts = spec.strip('"').split("/")
             for i in range(len(parts)):
-                found = self.dirs.get("/".join(parts[i:]))
-                if found:
+                in_dir = self.dirs.get("/".join(parts[i:]))
+                if in_dir:
                     same_dir = sorted(
-                        p for p in found if posixpath.dirname(p) == posixpath.dirname(found[0])
+                        p for p in in_dir if posixpath.dirname(p) == posixpath.dirname(in_dir[0])
                     )
                     return [p for p in same_dir if not p.endswith("_test.go")]
             return []

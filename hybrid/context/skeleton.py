@@ -3,10 +3,15 @@ with bodies elided. Python skeletons parse again (bodies become ``...``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hybrid.context.languages import grammar, language_for
 from hybrid.errors import ContextError, InvalidInput
+
+if TYPE_CHECKING:
+    from tree_sitter import Node
 
 _MAX_CONSTANT_LINES = 3
 _PY_KEEP = frozenset({"import_statement", "import_from_statement", "future_import_statement"})
@@ -47,11 +52,11 @@ def _indent_of(source: bytes, byte: int) -> str:
     return prefix.decode("utf-8", "replace") if not prefix.strip() else ""
 
 
-def _text(source: bytes, node) -> str:  # type: ignore[no-untyped-def]
+def _text(source: bytes, node: Node) -> str:
     return source[node.start_byte : node.end_byte].decode("utf-8", "replace")
 
 
-def _py_docstring(block):  # type: ignore[no-untyped-def]
+def _py_docstring(block: Node) -> Node | None:
     first = block.named_children[0] if block.named_child_count else None
     if (
         first is not None
@@ -63,7 +68,7 @@ def _py_docstring(block):  # type: ignore[no-untyped-def]
     return None
 
 
-def _py_statement(source: bytes, node, out: list[str], in_class: bool) -> None:  # type: ignore[no-untyped-def]
+def _py_statement(source: bytes, node: Node, out: list[str], in_class: bool) -> None:
     kind = node.type
     indent = _indent_of(source, node.start_byte)
     if kind in _PY_KEEP:
@@ -117,7 +122,7 @@ def _py_statement(source: bytes, node, out: list[str], in_class: bool) -> None: 
                 out.append(indent + "    " + _text(source, imp))
 
 
-def _walk_imports(node):  # type: ignore[no-untyped-def]
+def _walk_imports(node: Node) -> Iterator[Node]:
     stack = [node]
     while stack:
         current = stack.pop()

@@ -11,10 +11,13 @@ import json
 import shutil
 import subprocess
 from collections import Counter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from hybrid.context.languages import grammar
 from hybrid.context.text import name_terms, terms
+
+if TYPE_CHECKING:
+    from tree_sitter import Node
 
 # (lang, defs, refs, imports, terms, error); defs are (name, kind, line, end_line, signature);
 # terms are the file's BM25 term frequencies over symbol names, docstrings and references.
@@ -62,14 +65,19 @@ class FileTags(NamedTuple):
         return cls(path, lang, tuple(Definition(*d) for d in defs), refs, tuple(imports), error)
 
 
-def _definition_node(name_node):  # type: ignore[no-untyped-def]
+def _text(node: Node) -> str:
+    raw = node.text
+    return raw.decode("utf-8", "replace") if raw is not None else ""
+
+
+def _definition_node(name_node: Node) -> Node:
     node = name_node.parent
     while node is not None and node.type in _CLIMB:
         node = node.parent
     return node if node is not None else name_node
 
 
-def _python_kind(node):  # type: ignore[no-untyped-def]
+def _python_kind(node: Node) -> str:
     """method (in a class body), function (module level) or local (nested in a function)."""
     parent = node.parent
     if parent is not None and parent.type == "decorated_definition":
@@ -85,7 +93,7 @@ def _python_kind(node):  # type: ignore[no-untyped-def]
     return "function"
 
 
-def _signature(node, source: bytes) -> str:  # type: ignore[no-untyped-def]
+def _signature(node: Node, source: bytes) -> str:
     body = node.child_by_field_name("body")
     if body is None and node.type == "variable_declarator":
         value = node.child_by_field_name("value")
@@ -120,7 +128,7 @@ def extract(source: bytes, lang: str) -> Payload:
             for name_node in nodes:
                 node = _definition_node(name_node)
                 kind_here = _python_kind(node) if lang == "python" and kind == "function" else kind
-                text = name_node.text.decode("utf-8", "replace")
+                text = _text(name_node)
                 defs.append(
                     (
                         text,
@@ -132,13 +140,13 @@ def extract(source: bytes, lang: str) -> Payload:
                 )
         elif capture == "reference.import":
             for node in nodes:
-                imports.append(node.text.decode("utf-8", "replace").strip("\"'<>"))
+                imports.append(_text(node).strip("\"'<>"))
         elif capture.startswith("reference."):
-            refs.update(node.text.decode("utf-8", "replace") for node in nodes)
+            refs.update(_text(node) for node in nodes)
         elif capture == "doc":
             for node in nodes:
                 if doc_chars < _MAX_DOC_CHARS:
-                    text = node.text.decode("utf-8", "replace")[:1000]
+                    text = _text(node)[:1000]
                     docs.append(text)
                     doc_chars += len(text)
     defs.sort(key=lambda d: (d[2], d[0]))

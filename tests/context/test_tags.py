@@ -151,3 +151,10 @@ def test_language_detection() -> None:
     assert language_for("x.hpp") == "cpp"
     assert language_for("x.lua") == "ctags:Lua"
     assert language_for("README.md") is None
+
+
+def test_public_names_resolve() -> None:
+    import hybrid.context as ctx
+
+    for name in ctx.__all__:
+        assert getattr(ctx, name) is not None, name
