@@ -317,7 +317,7 @@ impl<'a> Parser<'a> {
                     self.finish();
                     // `diff -N` names a missing side with the epoch as its timestamp.
                     // Both names still decide which leading directory to strip.
-                    let (mut old, mut new) = plain_paths(&old, &new);
+                    let (mut old, mut new) = plain_paths(&old, &new, lineno);
                     if is_epoch(l) && new.is_some() {
                         old = None;
                     } else if is_epoch(self.lines[i + 1]) && old.is_some() {
@@ -479,7 +479,7 @@ fn is_epoch(header: &str) -> bool {
 
 /// Old and new paths of a plain `---`/`+++` pair, with a shared leading directory removed the
 /// way `patch -p1` would (`a/x` `b/x`, or `proj.orig/x` `proj/x`).
-fn plain_paths(old: &str, new: &str) -> (Option<String>, Option<String>) {
+fn plain_paths(old: &str, new: &str, line: usize) -> (Option<String>, Option<String>) {
     let old = if old == "/dev/null" { None } else { Some(old.to_string()) };
     let new = if new == "/dev/null" { None } else { Some(new.to_string()) };
     let first = |p: &str| p.split_once('/').map(|(a, rest)| (a.to_string(), rest.to_string()));
@@ -490,7 +490,7 @@ fn plain_paths(old: &str, new: &str) -> (Option<String>, Option<String>) {
         },
         (Some(o), None) => (Some(strip_git_prefix(o, "a/")), None),
         (None, Some(n)) => (None, Some(strip_git_prefix(n, "b/"))),
-        (None, None) => malformed(0, "both sides are /dev/null"),
+        (None, None) => malformed(line, "both sides are /dev/null"),
     }
 }
 
