@@ -6,9 +6,9 @@ For each repository (a private ``git clone`` of it, so nothing touches the origi
 * warm: the same command again, nothing changed;
 * one file changed: one source file edited, then the command again;
 
-each as a whole process (interpreter start-up included), with the peak resident memory of
-the whole process tree (sampled from /proc every 10 ms; the largest single process from
-wait4 when that is higher). aider runs from its own virtualenv as a library (RepoMap with a
+each as a whole process (interpreter start-up included), with the peak memory of the whole
+process tree: the sum of the processes' proportional set sizes (PSS, so pages a process pool
+shares after fork() count once), sampled from /proc every 10 ms. aider runs from its own virtualenv as a library (RepoMap with a
 4-characters-per-token counter, no model, PYTHONHASHSEED fixed); ``ctags -R`` has no cache
 and no ranking, so only its cold time is meaningful.
 
@@ -51,11 +51,22 @@ sys.stdout.write(out)
 """
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants."""
+def _pss(pid: int) -> int:
+    """Proportional set size of one process (shared pages split between their users)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _tree_memory(pid: int) -> int:
+    """Memory of ``pid`` and all its descendants: the sum of their proportional set sizes,
+    so pages shared after fork() (a process pool) are counted once."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -64,32 +75,29 @@ def _tree_rss(pid: int) -> int:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        p = int(entry)
-        children.setdefault(int(fields[1]), []).append(p)
-        rss[p] = int(fields[21]) * page
+        children.setdefault(int(fields[1]), []).append(int(entry))
     total, stack = 0, [pid]
     while stack:
         p = stack.pop()
-        total += rss.get(p, 0)
+        total += _pss(p)
         stack.extend(children.get(p, []))
     return total
 
 
 def measure(
     cmd: list[str], env: dict[str, str], cwd: str | None = None
-) -> tuple[float, float, int]:
-    """(wall seconds, peak MB, exit code) of one whole process."""
+) -> tuple[float, float, int, float]:
+    """(wall seconds, peak MB, exit code, CPU seconds incl. waited children) of one process."""
+    errors = tempfile.TemporaryFile()  # noqa: SIM115  (a file, not a pipe: a chatty child never blocks)
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=errors)
     peak = 0
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
+            peak = max(peak, _tree_memory(proc.pid))
             done.wait(0.01)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -98,15 +106,17 @@ def measure(
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
-    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    proc.stderr and proc.stderr.close()
+    errors.seek(0)
+    stderr = errors.read().decode(errors="replace")
+    errors.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         print(
             f"warning: {' '.join(cmd[:3])} exited {proc.returncode}: {stderr[-300:]}",
             file=sys.stderr,
         )
-    peak = max(peak, usage.ru_maxrss * 1024)
+    # a process that ends between two samples still reports its own peak through wait4
+    peak = max(peak, usage.ru_maxrss * 1024 if peak == 0 else 0)
     return wall, peak / 1e6, proc.returncode, usage.ru_utime + usage.ru_stime
 
 
