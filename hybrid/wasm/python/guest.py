@@ -38,10 +38,14 @@ _component: Component | None = None
 
 
 def source_dir() -> Path:
-    """Where the guest sources live (``$HYBRID_PY_GUEST_DIR`` overrides, for development)."""
+    """Where the guest sources live: ``$HYBRID_PY_GUEST_DIR``, else ``hybrid/wasm/python/guest``
+    when the package ships them (an installed wheel), else the checkout's ``wasm_modules/python``."""
     override = os.environ.get("HYBRID_PY_GUEST_DIR")
     if override:
         return Path(override)
+    packaged = Path(__file__).resolve().parent / "guest"
+    if (packaged / f"{APP}.py").is_file():
+        return packaged
     return Path(__file__).resolve().parents[3] / "wasm_modules" / "python"
 
 

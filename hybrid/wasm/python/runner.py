@@ -14,12 +14,13 @@ import hashlib
 import itertools
 import json
 import os
+import queue
 import shutil
 import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -142,17 +143,51 @@ def run_python(
         outcome.cleanup()
         raise
 
-    # The guest runs on its own thread so the caller's deadline holds even if the guest is
+    # The guest runs on a worker thread so the caller's deadline holds even if the guest is
     # blocked in a host call (the guest caps its own sleeps; this is the backstop).
-    worker = threading.Thread(
-        target=outcome.execute, args=(compiled, request), name="hybrid-py-run", daemon=True
-    )
     start = time.perf_counter()
-    worker.start()
-    worker.join(budget.wall_seconds + BACKSTOP_SECONDS)
-    if worker.is_alive():
+    done = _WORKERS.submit(lambda: outcome.execute(compiled, request))
+    if not done.wait(budget.wall_seconds + BACKSTOP_SECONDS):
         return outcome.abandon(budget, (time.perf_counter() - start) * 1000)
     return outcome.result(budget)
+
+
+class _Workers:
+    """Reusable daemon threads for guest calls.
+
+    A new thread per run would mmap and unmap a stack every time, which serialises parallel
+    runs on the process's memory map. Idle workers are reused; a worker stuck in a host call
+    past its deadline simply stays busy until the call returns (daemon: never blocks exit).
+    """
+
+    def __init__(self) -> None:
+        self._idle: list[queue.SimpleQueue[tuple[Callable[[], None], threading.Event]]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> threading.Event:
+        done = threading.Event()
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(inbox,), name="hybrid-py-worker", daemon=True
+            ).start()
+        inbox.put((job, done))
+        return done
+
+    def _serve(self, inbox: queue.SimpleQueue[tuple[Callable[[], None], threading.Event]]) -> None:
+        while True:
+            job, done = inbox.get()
+            try:
+                job()
+            finally:
+                done.set()
+                with self._lock:
+                    self._idle.append(inbox)
+
+
+_WORKERS = _Workers()
 
 
 _counter = itertools.count()
@@ -200,6 +235,9 @@ class _Outcome:
             self.termination, self.detail = _classify_trap(exc)
         except wasmtime.WasmtimeError as exc:
             self.termination, self.detail = _classify_component_error(exc)
+        except Exception as exc:  # a malformed response: never report it as a clean run
+            self.termination = Termination.ERROR
+            self.detail = f"python-wasm harness error: {type(exc).__name__}: {exc}"
         finally:
             self.wall_ms = (time.perf_counter() - start) * 1000
             try:
