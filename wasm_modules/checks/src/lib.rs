@@ -138,7 +138,8 @@ fn expand_braces(pattern: &str, depth: usize) -> Result<Vec<String>, String> {
                     parts.push(part);
                     let mut out = Vec::new();
                     for p in parts {
-                        for tail in expand_braces(&format!("{}{}{}", prefix, p, suffix), depth + 1)? {
+                        for tail in expand_braces(&format!("{}{}{}", prefix, p, suffix), depth + 1)?
+                        {
                             out.push(tail);
                             if out.len() > 256 {
                                 return Err(format!("glob {:?}: too many alternatives", pattern));

@@ -129,7 +129,8 @@ impl Search {
         }
         self.files_scanned += 1;
         let text = String::from_utf8_lossy(&data);
-        let lines: Vec<&str> = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).collect();
+        let lines: Vec<&str> =
+            text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).collect();
         let count = if text.ends_with('\n') { lines.len() - 1 } else { lines.len() };
         let mut matched = false;
         for i in 0..count {
@@ -141,10 +142,13 @@ impl Search {
                 }
                 matched = true;
                 let column = line[..m.start()].chars().count() + 1;
-                let before: Vec<String> =
-                    lines[i.saturating_sub(self.context)..i].iter().map(|l| clip(l, LINE_LIMIT)).collect();
+                let before: Vec<String> = lines[i.saturating_sub(self.context)..i]
+                    .iter()
+                    .map(|l| clip(l, LINE_LIMIT))
+                    .collect();
                 let end = (i + 1 + self.context).min(count);
-                let after: Vec<String> = lines[i + 1..end].iter().map(|l| clip(l, LINE_LIMIT)).collect();
+                let after: Vec<String> =
+                    lines[i + 1..end].iter().map(|l| clip(l, LINE_LIMIT)).collect();
                 self.matches.push(json!({
                     "path": rel,
                     "line": i + 1,
@@ -174,7 +178,11 @@ fn one_line_regex_error(pattern: &str, err: regex::Error) -> String {
             format!("invalid pattern {:?}: {}", pattern, reason)
         }
         regex::Error::CompiledTooBig(limit) => {
-            format!("pattern {:?} is too large to compile (limit {} bytes)", clip(pattern, 80), limit)
+            format!(
+                "pattern {:?} is too large to compile (limit {} bytes)",
+                clip(pattern, 80),
+                limit
+            )
         }
         other => format!("invalid pattern {:?}: {}", pattern, other),
     }
@@ -224,7 +232,10 @@ fn main() {
     } else {
         for p in &req.paths {
             if p.split('/').any(|part| part == "..") || p.starts_with('/') {
-                fail("request", &format!("path {:?} must be relative to the searched directory", p));
+                fail(
+                    "request",
+                    &format!("path {:?} must be relative to the searched directory", p),
+                );
             }
             let full = format!("{}/{}", root, p.trim_start_matches("./"));
             match std::fs::metadata(&full) {

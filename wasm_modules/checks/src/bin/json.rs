@@ -74,7 +74,10 @@ fn compile(value: &Value, at: &str, depth: usize) -> Schema {
                 };
                 for n in &names {
                     if !TYPES.contains(&n.as_str()) {
-                        bad_schema(&here, &format!("unknown type {:?} (use {})", n, TYPES.join(", ")));
+                        bad_schema(
+                            &here,
+                            &format!("unknown type {:?} (use {})", n, TYPES.join(", ")),
+                        );
                     }
                 }
                 s.types = Some(names);
@@ -118,7 +121,9 @@ fn compile(value: &Value, at: &str, depth: usize) -> Schema {
                 }
             }
             "minLength" | "maxLength" | "minItems" | "maxItems" => {
-                let n = v.as_u64().unwrap_or_else(|| bad_schema(&here, "must be a non-negative integer"));
+                let n = v
+                    .as_u64()
+                    .unwrap_or_else(|| bad_schema(&here, "must be a non-negative integer"));
                 match key.as_str() {
                     "minLength" => s.min_length = Some(n),
                     "maxLength" => s.max_length = Some(n),
@@ -204,12 +209,20 @@ impl Validator {
                 let n = items.len() as u64;
                 if let Some(min) = s.min_items {
                     if n < min {
-                        self.error(path, "minItems", format!("{} items, at least {} required", n, min));
+                        self.error(
+                            path,
+                            "minItems",
+                            format!("{} items, at least {} required", n, min),
+                        );
                     }
                 }
                 if let Some(max) = s.max_items {
                     if n > max {
-                        self.error(path, "maxItems", format!("{} items, at most {} allowed", n, max));
+                        self.error(
+                            path,
+                            "maxItems",
+                            format!("{} items, at most {} allowed", n, max),
+                        );
                     }
                 }
                 if let Some(item) = &s.items {
@@ -235,12 +248,20 @@ impl Validator {
                 let x = num.as_f64().unwrap_or(0.0);
                 if let Some(min) = s.minimum {
                     if x < min {
-                        self.error(path, "minimum", format!("{} is below the minimum {}", num, min));
+                        self.error(
+                            path,
+                            "minimum",
+                            format!("{} is below the minimum {}", num, min),
+                        );
                     }
                 }
                 if let Some(max) = s.maximum {
                     if x > max {
-                        self.error(path, "maximum", format!("{} is above the maximum {}", num, max));
+                        self.error(
+                            path,
+                            "maximum",
+                            format!("{} is above the maximum {}", num, max),
+                        );
                     }
                 }
             }

@@ -74,8 +74,18 @@ const RULES: &[Rule] = &[
         secret: 0,
         hints: &["ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"],
     },
-    Rule { kind: "slack_token", pattern: r"\bxox[abposr]-[A-Za-z0-9\-]{10,}", secret: 0, hints: &["xox"] },
-    Rule { kind: "api_key", pattern: r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}", secret: 0, hints: &["sk-"] },
+    Rule {
+        kind: "slack_token",
+        pattern: r"\bxox[abposr]-[A-Za-z0-9\-]{10,}",
+        secret: 0,
+        hints: &["xox"],
+    },
+    Rule {
+        kind: "api_key",
+        pattern: r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{20,}",
+        secret: 0,
+        hints: &["sk-"],
+    },
     Rule {
         kind: "jwt",
         pattern: r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
@@ -167,7 +177,8 @@ impl Redactor {
     fn entropy(&mut self, text: String) -> String {
         // Base64/base64url runs of 24+ chars, and hex runs of 32+; an optional digest prefix
         // (`sha256:`) marks a public content hash, which is kept.
-        let re = Regex::new(r"(sha(?:1|256|384|512)[:=])?\b([A-Za-z0-9+/_\-]{24,}={0,2})").expect("entropy");
+        let re = Regex::new(r"(sha(?:1|256|384|512)[:=])?\b([A-Za-z0-9+/_\-]{24,}={0,2})")
+            .expect("entropy");
         let mut hits = 0u64;
         let out = re.replace_all(&text, |c: &Captures| {
             let whole = c.get(0).expect("match").as_str();
@@ -196,15 +207,26 @@ fn is_placeholder(value: &str) -> bool {
         || v.starts_with("{{")
         || (v.starts_with('<') && v.ends_with('>'))
         || v.chars().all(|c| c == '*' || c == 'x' || c == 'X' || c == '.')
-        || matches!(v.to_ascii_lowercase().as_str(), "null" | "none" | "true" | "false" | "nil" | "undefined")
+        || matches!(
+            v.to_ascii_lowercase().as_str(),
+            "null" | "none" | "true" | "false" | "nil" | "undefined"
+        )
 }
 
 /// Keys that name a count or a tool, not a credential (`max_tokens: 4096`, `tokenizer = bert`).
 fn counting_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    ["tokens", "tokenizer", "token_count", "token_limit", "token_type", "password_policy", "pwd_dir"]
-        .iter()
-        .any(|w| k.contains(w))
+    [
+        "tokens",
+        "tokenizer",
+        "token_count",
+        "token_limit",
+        "token_type",
+        "password_policy",
+        "pwd_dir",
+    ]
+    .iter()
+    .any(|w| k.contains(w))
         || k.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()).ends_with("_len")
 }
 
@@ -214,10 +236,13 @@ fn shannon(token: &str) -> f64 {
         freq[b as usize] += 1;
     }
     let n = token.len() as f64;
-    freq.iter().filter(|&&f| f > 0).map(|&f| {
-        let p = f as f64 / n;
-        -p * p.log2()
-    }).sum()
+    freq.iter()
+        .filter(|&&f| f > 0)
+        .map(|&f| {
+            let p = f as f64 / n;
+            -p * p.log2()
+        })
+        .sum()
 }
 
 fn looks_random(token: &str) -> bool {
@@ -225,7 +250,8 @@ fn looks_random(token: &str) -> bool {
     let hex = t.len() >= 32 && t.bytes().all(|b| b.is_ascii_hexdigit());
     if hex {
         // 40 hex digits is a git object id: public, and everywhere in build evidence.
-        let mixed = t.bytes().any(|b| b.is_ascii_digit()) && t.bytes().any(|b| b.is_ascii_alphabetic());
+        let mixed =
+            t.bytes().any(|b| b.is_ascii_digit()) && t.bytes().any(|b| b.is_ascii_alphabetic());
         return t.len() != 40 && mixed && shannon(t) >= 3.0;
     }
     let upper = t.bytes().any(|b| b.is_ascii_uppercase());
@@ -316,16 +342,15 @@ fn main() {
         let head_end = floor_boundary(&text, req.max_bytes / 2);
         let tail_start = ceil_boundary(&text, text.len() - (req.max_bytes - req.max_bytes / 2));
         cut = tail_start - head_end;
-        text = format!(
-            "{}\n[... {} bytes cut ...]\n{}",
-            &text[..head_end],
-            cut,
-            &text[tail_start..]
-        );
+        text =
+            format!("{}\n[... {} bytes cut ...]\n{}", &text[..head_end], cut, &text[tail_start..]);
     }
 
     let label = req.label.as_deref().map(|l| {
-        l.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.:/ ".contains(*c)).take(80).collect::<String>()
+        l.chars()
+            .filter(|c| c.is_ascii_alphanumeric() || "-_.:/ ".contains(*c))
+            .take(80)
+            .collect::<String>()
     });
     let open = match &label {
         Some(l) => format!("{} source=\"{}\">", OPEN, l),

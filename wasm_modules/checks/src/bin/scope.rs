@@ -182,7 +182,8 @@ fn closing_quote(s: &str) -> Option<usize> {
 fn git_paths(rest: &str, line: usize) -> (String, String) {
     let rest = rest.trim_end_matches('\r');
     if rest.starts_with('"') {
-        let end = closing_quote(rest).unwrap_or_else(|| malformed(line, "unterminated quoted path"));
+        let end =
+            closing_quote(rest).unwrap_or_else(|| malformed(line, "unterminated quoted path"));
         let a = unquote(&rest[..=end]);
         let b = rest[end + 1..].trim_start();
         let b = if b.starts_with('"') { unquote(b) } else { b.to_string() };
@@ -224,7 +225,8 @@ fn parse_range(text: &str, line: usize) -> (u64, u64) {
 fn parse_hunk_header(l: &str, line: usize) -> (u64, u64) {
     // @@ -a[,b] +c[,d] @@ optional section heading
     let body = l.strip_prefix("@@ ").unwrap_or("");
-    let end = body.find(" @@").unwrap_or_else(|| malformed(line, "hunk header without closing '@@'"));
+    let end =
+        body.find(" @@").unwrap_or_else(|| malformed(line, "hunk header without closing '@@'"));
     let mut parts = body[..end].split(' ');
     let old = parts.next().and_then(|p| p.strip_prefix('-'));
     let new = parts.next().and_then(|p| p.strip_prefix('+'));
@@ -363,7 +365,10 @@ impl<'a> Parser<'a> {
                     if i >= n {
                         malformed(
                             lineno,
-                            &format!("hunk ends early: {} old and {} new lines missing", old_left, new_left),
+                            &format!(
+                                "hunk ends early: {} old and {} new lines missing",
+                                old_left, new_left
+                            ),
                         );
                     }
                     let body = self.lines[i].trim_end_matches('\r');
@@ -391,7 +396,10 @@ impl<'a> Parser<'a> {
                             f.additions += 1;
                         }
                         '\\' => {}
-                        _ => malformed(i + 1, &format!("unexpected line in hunk: {:?}", clip(body, 60))),
+                        _ => malformed(
+                            i + 1,
+                            &format!("unexpected line in hunk: {:?}", clip(body, 60)),
+                        ),
                     }
                     i += 1;
                 }
@@ -451,7 +459,10 @@ impl<'a> Parser<'a> {
                 } else if l.starts_with("--- ") {
                     malformed(lineno, "'---' line without a following '+++' line");
                 } else {
-                    malformed(lineno, &format!("unexpected line in git file header: {:?}", clip(l, 60)));
+                    malformed(
+                        lineno,
+                        &format!("unexpected line in git file header: {:?}", clip(l, 60)),
+                    );
                 }
                 i += 1;
                 continue;
