@@ -58,7 +58,17 @@ def map_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> None
 
     with _progress(not as_json, "parsing") as progress:
         result = repo_map(path, task, tokens, mode=mode, progress=progress)  # type: ignore[arg-type]
-    emit(result, as_json, lambda: click.echo(result.text, nl=False))
+
+    def render() -> None:
+        click.echo(result.text, nl=False)
+        quiet = len(result.files_without_symbols)
+        if quiet or result.skipped:
+            click.echo(
+                f"# {quiet} files without symbols, {len(result.skipped)} skipped (see --json)",
+                err=True,
+            )
+
+    emit(result, as_json, render)
 
 
 @click.command("skeleton")

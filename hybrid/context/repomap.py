@@ -51,6 +51,8 @@ def load_graph(
     """The code graph of ``root``: loaded from the cache when nothing changed, else rebuilt."""
     cache = cache if cache is not None else TagCache()
     index = index if index is not None else build_index(root, cache=cache, progress=progress)
+    if not index.files:
+        raise ContextError(f"no source files to index under {root}")
     key = str(Path(root).resolve())
     graph = cache.get_graph(key, index.fingerprint)
     if graph is None:

@@ -150,3 +150,9 @@ def test_deterministic_across_processes(tmp_path: Path) -> None:
     other = _map_json(root, tmp_path / "c2", "3")
     assert cold["entries"] and cold["text"]
     assert cold == warm == other
+
+
+def test_no_source_files_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("# nothing to index\n")
+    with pytest.raises(ContextError, match="no source files"):
+        repo_map(tmp_path, "anything", 100)
