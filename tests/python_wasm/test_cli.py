@@ -95,3 +95,9 @@ def test_modules_lists_the_bundled_stdlib() -> None:
     assert proc.returncode == 0
     names = json.loads(proc.stdout)
     assert {"csv", "json", "decimal", "unittest"} <= set(names)
+
+
+def test_the_host_stdin_is_not_inherited() -> None:
+    proc = hybrid_py("eval", "import sys; print(repr(sys.stdin.read()))", stdin="HOST SECRET\n")
+    assert proc.returncode == 0
+    assert proc.stdout == "''\n"

@@ -155,8 +155,8 @@ def run_python(
 class _Workers:
     """Reusable daemon threads for guest calls.
 
-    A new thread per run would mmap and unmap a stack every time, which serialises parallel
-    runs on the process's memory map. Idle workers are reused; a worker stuck in a host call
+    A new thread per run would map and unmap a stack every time; each unmap is a cross-CPU
+    TLB flush, which is what limits parallel runs in one process (see the benchmark). Idle workers are reused; a worker stuck in a host call
     past its deadline simply stays busy until the call returns (daemon: never blocks exit).
     """
 
@@ -182,9 +182,9 @@ class _Workers:
             try:
                 job()
             finally:
-                done.set()
                 with self._lock:
-                    self._idle.append(inbox)
+                    self._idle.append(inbox)  # idle before done: the caller's next run reuses it
+                done.set()
 
 
 _WORKERS = _Workers()
