@@ -469,7 +469,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def render(rows: list[dict[str, Any]], targets: list[dict[str, Any]], note: str) -> None:
-    out = Console()
+    out = Console(width=None if sys.stdout.isatty() else 140)
     table = Table(title="tiers: same jobs, milliseconds (ratio = warm p50 / host p50)")
     for column in (
         "job",

@@ -267,6 +267,11 @@ class DockerWorkstation:
                             on_output(kind, bytes(chunk))
         except (OSError, ValueError, errors.DockerException):
             pass  # the supervisor closed the stream
+        except BaseException:
+            # Interrupted (Ctrl-C, a failing callback): stop the command rather than orphan it.
+            supervisor.stop()
+            self._kill()
+            raise
         finally:
             supervisor.stop()
         wall_ms = (time.time() - start) * 1000
@@ -335,13 +340,19 @@ class DockerWorkstation:
             return Termination.NONZERO_EXIT, code, f"exit status {code}"
 
     def _oom_since(self, start: float) -> bool:
-        events = client().api.events(
-            since=f"{start - 1:.6f}",
-            until=f"{time.time():.6f}",
-            filters={"container": self.id, "event": "oom"},
-            decode=True,
-        )
-        return any(True for _ in events)
+        # The kernel's OOM notice can trail the SIGKILL by a moment: look twice.
+        for attempt in range(2):
+            if attempt:
+                time.sleep(0.2)
+            events = client().api.events(
+                since=f"{start - 0.01:.6f}",
+                until=f"{time.time():.6f}",
+                filters={"container": self.id, "event": "oom"},
+                decode=True,
+            )
+            if any(True for _ in events):
+                return True
+        return False
 
     def _dies_within(self, seconds: float) -> bool:
         end = time.time() + seconds
