@@ -4,7 +4,7 @@
     python wasm_modules/build.py --check   verify the shipped modules match their sources
 
 The toolchain is Debian's: rustc 1.63 with its wasm32-wasi standard library
-(apt: rustc cargo libstd-rust-dev-wasm32 librust-regex-dev librust-csv-dev
+(apt: rustc cargo libstd-rust-dev-wasm32 lld-14 librust-regex-dev librust-csv-dev
 librust-serde-json-dev librust-serde-derive-dev), building offline against the packaged crates.
 The build is reproducible: it always runs from a copy of the crate at a fixed path with fixed
 path remaps, so the bytes depend on the sources and the toolchain only, never on the checkout.
@@ -78,6 +78,9 @@ def toolchain() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     if not (Path(sysroot) / "lib" / "rustlib" / TARGET / "lib").is_dir():
+        return None
+    # rustc's wasm linker is /usr/bin/rust-lld, a link to lld-14 (only recommended by the std).
+    if not Path("/usr/bin/rust-lld").resolve().exists():
         return None
     return version
 
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if rustc is None:
         print(
             "build.py: needs /usr/bin/cargo, /usr/bin/rustc and the wasm32-wasi std: apt-get install -y "
-            "rustc cargo libstd-rust-dev-wasm32 librust-regex-dev librust-csv-dev librust-serde-json-dev "
+            "rustc cargo libstd-rust-dev-wasm32 lld-14 librust-regex-dev librust-csv-dev librust-serde-json-dev "
             "librust-serde-derive-dev",
             file=sys.stderr,
         )
