@@ -59,12 +59,14 @@ def _types(values: str | None) -> dict[str, str]:
 def _finish(
     report: checks.CheckReport, as_json: bool, render: Callable[[], None], passed: bool
 ) -> None:
-    emit(report, as_json, render)
     if report.termination is not Termination.OK:
+        if as_json:
+            emit(report, as_json, render)  # the human view of a cut-short run would mislead
         click.echo(
             f"hybrid: error: check ended with {report.termination.value}: {report.detail}", err=True
         )
         raise click.exceptions.Exit(4)
+    emit(report, as_json, render)
     if not passed:
         raise click.exceptions.Exit(1)
 

@@ -171,3 +171,13 @@ def test_whole_process_console_script() -> None:
 def test_line_numbers_are_file_lines(data: str, line: int) -> None:
     bad = check_csv(data).first_bad_row
     assert bad is not None and bad.line == line
+
+
+def test_memory_cap_below_the_module_minimum(hybrid_cli) -> None:
+    from hybrid.policy import Budget
+
+    report = check_csv(RATE_CARD, budget=Budget(memory="100k"))
+    assert report.termination is Termination.OUT_OF_MEMORY and not report.ok
+    code, out, err = hybrid_cli("check", "csv", str(RATE_CARD), "--memory", "100k")
+    assert code == 4 and out == ""
+    assert err.startswith("hybrid: error: check ended with out_of_memory")
