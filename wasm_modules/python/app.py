@@ -548,7 +548,8 @@ class WitWorld(wit_world.WitWorld):
 # --- Warm-up -------------------------------------------------------------------------------
 # Run representative requests once at build time, so the snapshot every instance starts from
 # already has the interpreter's specialised bytecode and lazily built caches (the parser, codec
-# lookups, csv, json, traceback formatting) of the harness paths. It halves the per-run cost.
+# lookups, csv, json, traceback formatting) of the harness paths: the shipping case went from
+# 5.1 to 4.3 ms per run (4.5M to 4.2M fuel).
 # Nothing of it is visible to a snippet: the namespace and the line cache are dropped after.
 
 _WARM_SNIPPET = """

@@ -106,10 +106,23 @@ def build(*, force: bool = False, progress: Progress | None = None) -> Path:
     return target
 
 
+KEEP_BUILDS = 3
+"""Builds kept per cache (several checkouts or branches may share one cache directory)."""
+
+
 def _prune(keep: Path) -> None:
-    """Remove components built from older guest sources (~40 MB each, ~60 MB compiled)."""
+    """Remove all but the newest builds (~40 MB each, ~60 MB compiled)."""
+
+    def built_at(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0  # removed meanwhile by another process
+
+    builds = sorted(keep.parent.glob("guest-*.wasm"), key=built_at, reverse=True)
+    stale = {p.stem for p in builds[KEEP_BUILDS:]} - {keep.stem}
     for old in keep.parent.glob("guest-*"):
-        if old.stem == keep.stem:
+        if old.stem not in stale:
             continue
         if old.suffix == ".key":
             compiled = _compiled_path(old.read_text().strip())
