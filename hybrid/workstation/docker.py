@@ -19,6 +19,7 @@ import io
 import os
 import re
 import secrets
+import shlex
 import socket
 import subprocess
 import tarfile
@@ -789,12 +790,15 @@ class DockerBackend:
         return config
 
     def _own_workspace(self, image: str, volume: str, spec: SandboxSpec) -> None:
-        # A workspace path the image does not have comes up root-owned; hand it to the user with
-        # a one-off container that holds CAP_CHOWN and nothing else.
+        # An empty volume takes the owner of whatever sits at its path in the image (root, or a
+        # directory the engine makes). Let a one-off container holding CAP_CHOWN and nothing else
+        # take that first mount (so any image content is copied up), hand it all to the user and
+        # leave it non-empty, so the workstation's own mount copies nothing over it.
         api = client().api
+        target = shlex.quote(spec.workspace)
         helper = api.create_container(
             image,
-            command=["chown", self.user, "/w"],
+            command=["sh", "-c", f"mkdir -p {target}/.hybrid && chown -R {self.user} {target}"],
             user="0:0",
             labels={LABEL_MANAGED: "1", LABEL_KIND: "helper", LABEL_OWNER: _owner()},
             network_disabled=True,
@@ -804,7 +808,7 @@ class DockerBackend:
                 cap_drop=["ALL"],
                 cap_add=["CHOWN"],
                 security_opt=["no-new-privileges"],
-                mounts=[DockerMount("/w", volume, type="volume")],
+                mounts=[DockerMount(spec.workspace, volume, type="volume")],
             ),
         )["Id"]
         try:

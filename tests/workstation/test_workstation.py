@@ -152,3 +152,29 @@ def _hybrid_input(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def test_any_image_and_workspace_path(engine, tmp_path):
+    """A user's own image (not built here) and a workspace path it does not have still work."""
+    from hybrid.workstation.docker import client
+    from hybrid.workstation.images import BASE_IMAGE
+
+    api = client().api
+    tag = f"hybrid-test-custom:{os.getpid()}"
+    made = api.create_container(BASE_IMAGE, command=["true"], labels={"hybrid.managed": "1"})
+    api.commit(
+        made["Id"],
+        repository=tag.split(":")[0],
+        tag=tag.split(":")[1],
+        conf={"Labels": {"hybrid.kind": "custom"}},
+    )
+    api.remove_container(made["Id"])
+    (tmp_path / "src.txt").write_text("from the host\n")
+    try:
+        spec = SandboxSpec(tier="docker", workspace="/srv/job")
+        with engine.create(spec, image=tag, repo=tmp_path) as ws:
+            result = ws.exec("pwd; id -u; cat src.txt; echo new > made.txt")
+            assert result.stdout == "/srv/job\n1000\nfrom the host\n", result
+            assert "+new" in ws.diff()
+    finally:
+        api.remove_image(tag, force=True)
