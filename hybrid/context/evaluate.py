@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
+from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.languages import EXTENSIONS
 from hybrid.context.resolve import is_test_path
@@ -182,10 +184,11 @@ def evaluate(
             _git(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
             graph = load_graph(worktree, cache=cache)
             history = recent_changes(worktree)  # the parent's own past: no leakage
+            grep = partial(grep_words, worktree)
             ranks: dict[str, int] = {}
             top: list[str] = []
             for mode in MODES:
-                ranking = rank(graph, case.task, mode, history)  # type: ignore[arg-type]
+                ranking = rank(graph, case.task, mode, history, grep)  # type: ignore[arg-type]
                 order = [graph["paths"][i] for i in ranking.order]
                 position = {p: k + 1 for k, p in enumerate(order)}
                 found = [position[g] for g in case.gold if g in position]

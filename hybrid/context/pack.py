@@ -8,6 +8,7 @@ of the rest. Every item says why it was chosen.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
 from hybrid.context.graph import importers
+from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex
 from hybrid.context.rank import Mode, rank
@@ -127,7 +129,7 @@ def context_pack(
     index: RepoIndex = graph["_index"]
     paths: list[str] = graph["paths"]
     langs: list[str] = graph["langs"]
-    ranking = rank(graph, task, mode, recent_changes(root_path))
+    ranking = rank(graph, task, mode, recent_changes(root_path), partial(grep_words, root_path))
     sym_index = {s: j for j, s in enumerate(graph["symbols"])}
     items: list[PackItem] = []
     used = 0

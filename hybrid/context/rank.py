@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,6 +39,7 @@ W_PATH = 0.5
 TEST_FACTOR = 0.5
 AUX_FACTOR = 0.5  # docs, examples, scripts: rarely where a fix goes
 W_HISTORY = 0.3  # files changed in recent commits
+GREP_WEIGHT = 1.0  # full-text hits of out-of-vocabulary task words, relative to BM25
 W_PRIOR = 0.0  # global importance (PageRank with a uniform teleport)
 _AUX_DIRS = frozenset(
     {"doc", "docs", "example", "examples", "scripts", "benchmarks", "bench", "tools"}
@@ -180,22 +182,66 @@ def _normalized(v: np.ndarray) -> np.ndarray:
     return v / top if top > 0 else v
 
 
+def out_of_vocabulary(graph: GraphData, task: str) -> list[str]:
+    """Task words (typos, error-message words, locals) that no name, docstring or path holds."""
+    candidates = []
+    for word in sorted({w.lower() for w in IDENT_RE.findall(task)}):
+        if len(word) < 5 or word in STOPWORDS or word.isdigit():
+            continue
+        keys = {word, stem(word), *terms(word)}
+        candidates.append((word, keys))
+    if not candidates:
+        return []
+    found: set[str] = set()
+    for file_tf, words in zip(graph["terms"], graph["path_terms"], strict=True):
+        for word, keys in candidates:
+            if word not in found and any(k in file_tf or k in words for k in keys):
+                found.add(word)
+    return [w for w, _ in candidates if w not in found]
+
+
+def text_scores(graph: GraphData, hits: dict[str, dict[str, int]]) -> np.ndarray:
+    """BM25-style scores from full-text hits of rare words (``grep_words`` output)."""
+    paths = graph["paths"]
+    n = len(paths)
+    scores = np.zeros(n)
+    index = {p: i for i, p in enumerate(paths)}
+    lengths = np.frombuffer(graph["doc_len"], dtype=np.float64)
+    norm = K1 * (1 - B + B * lengths / (lengths.mean() or 1.0))
+    for word in sorted(hits):
+        files = {index[p]: c for p, c in hits[word].items() if p in index}
+        df = len(files)
+        if not df or df > max(3, n // 20):
+            continue
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        for i, c in sorted(files.items()):
+            scores[i] += idf * c * (K1 + 1) / (c + norm[i])
+    return scores
+
+
 def rank(
     graph: GraphData,
     task: str = "",
     mode: Mode = "fused",
     history: dict[str, float] | None = None,
+    grep: Callable[[list[str]], dict[str, dict[str, int]]] | None = None,
 ) -> Ranking:
     """Rank files for ``task``; ``mode`` selects the fused score or one signal alone.
 
     ``history`` (path -> recency-weighted change count, see ``recent_changes``) adds a
     prior for files the project has been changing lately; only the fused mode uses it.
+    ``grep`` (e.g. ``partial(grep_words, root)``) finds task words that the index does not
+    hold in the files' full text; they count as lexical evidence.
     """
     paths = graph["paths"]
     n = len(paths)
     n_sym = len(graph["symbols"])
     info = analyse_task(graph, task) if task else TaskTerms(terms=[])
     lexical = bm25(graph, info.terms) if mode != "graph" else np.zeros(n)
+    if task and grep is not None and mode != "graph":
+        rare = out_of_vocabulary(graph, task)
+        if rare:
+            lexical = lexical + GREP_WEIGHT * text_scores(graph, grep(rare))
     seeds = np.zeros(n + n_sym)
     sym_index = {s: j for j, s in enumerate(graph["symbols"])}
     structural_seeds = bool(info.symbols or info.paths)

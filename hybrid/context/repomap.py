@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
 from hybrid.context.graph import GraphData, Slim, build_graph, slim
+from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
 from hybrid.context.rank import Mode, Ranking, rank
@@ -175,7 +177,8 @@ def repo_map(
     graph = load_graph(root, cache=cache, progress=progress)
     index: RepoIndex = graph["_index"]
     history = recent_changes(root) if task else None
-    ranking = rank(graph, task, mode, history)
+    grep = partial(grep_words, root) if task else None
+    ranking = rank(graph, task, mode, history, grep)
     text, entries = render_map(graph, ranking, tokens)
     return RepoMap(
         root=str(root),
