@@ -156,3 +156,21 @@ def test_no_source_files_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("# nothing to index\n")
     with pytest.raises(ContextError, match="no source files"):
         repo_map(tmp_path, "anything", 100)
+
+
+def test_words_only_in_comments_are_found_by_grep(shop_repo: Path, git) -> None:  # type: ignore[no-untyped-def]
+    path = shop_repo / "shop/shipping.py"
+    path.write_text(
+        path.read_text() + "\n# the courier rejects overweight parcels (zorblax rule)\n"
+    )
+    git(shop_repo, "commit", "-qam", "note")
+    graph = load_graph(shop_repo)
+    plain = rank(graph, "zorblax rule breaks checkout")
+    assert plain.bm25[graph["paths"].index("shop/shipping.py")] == 0  # not in any name or doc
+    from functools import partial
+
+    from hybrid.context.grep import grep_words
+
+    with_grep = rank(graph, "zorblax rule breaks checkout", grep=partial(grep_words, shop_repo))
+    assert graph["paths"][with_grep.order[0]] == "shop/shipping.py"
+    assert with_grep.bm25[graph["paths"].index("shop/shipping.py")] > 0
