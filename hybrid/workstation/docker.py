@@ -900,12 +900,12 @@ class DockerBackend:
     def remove_container(self, container_id: str, volume: str | None) -> None:
         api = client().api
         image = None
-        with contextlib.suppress(errors.NotFound), translate("remove workstation"):
+        with translate("remove workstation"), contextlib.suppress(errors.NotFound):
             attrs = api.inspect_container(container_id)
             image = attrs["Config"]["Image"]
             api.remove_container(container_id, force=True)
         if volume:
-            with contextlib.suppress(errors.NotFound), translate("remove workspace volume"):
+            with translate("remove workspace volume"), contextlib.suppress(errors.NotFound):
                 api.remove_volume(volume, force=True)
         if image and image.startswith(f"{SNAPSHOT_REPOSITORY}:"):
             self._drop_if_ephemeral(image)

@@ -44,6 +44,10 @@ def test_put_get_and_streaming_output(engine, make_spec, tmp_path):
 
         failing = ws.exec("exit 7")
         assert failing.termination is Termination.NONZERO_EXIT and failing.exit_code == 7
+        ws.remove()
+        ws.remove()  # idempotent: a second remove finds nothing and says nothing
+        ws.close()
+        assert ws.name not in [w.name for w in engine.list()]
 
 
 def test_output_is_bounded_with_truncation_flags(engine, make_spec):
