@@ -59,8 +59,27 @@ if ! engine_up; then
     fi
 fi
 
-if ! docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
-    log "warning: the running dockerd was started without runsc; restart it with --config-file $CONFIG"
+has_runsc() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+
+if ! has_runsc; then
+    # A dockerd this script did not start (a distribution service) lacks runsc. Runtimes are
+    # reloadable: add runsc to the default config file and send SIGHUP.
+    SYSTEM_CONFIG=/etc/docker/daemon.json
+    log "registering runsc in $SYSTEM_CONFIG and reloading dockerd"
+    mkdir -p /etc/docker
+    python3 - "$SYSTEM_CONFIG" "$RUNSC" <<'PY'
+import json, pathlib, sys
+path, runsc = pathlib.Path(sys.argv[1]), sys.argv[2]
+config = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
+config.setdefault("runtimes", {})["runsc"] = {"path": runsc, "runtimeArgs": ["--network=none", "--platform=ptrace"]}
+path.write_text(json.dumps(config, indent=2) + "\n")
+PY
+    for pid in $(pgrep -x dockerd); do kill -HUP "$pid" || true; done
+    for _ in $(seq 1 20); do
+        has_runsc && break
+        sleep 0.5
+    done
+    has_runsc || log "warning: dockerd still has no runsc runtime; restart it with --config-file $CONFIG"
 fi
 
 if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
