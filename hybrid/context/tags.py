@@ -118,7 +118,7 @@ def extract(source: bytes, lang: str) -> Payload:
     tree = parser.parse(source)
     captures = QueryCursor(query).captures(tree.root_node)
     defs: list[tuple[str, str, int, int, str]] = []
-    refs: Counter[str] = Counter()
+    raw_refs: Counter[bytes | None] = Counter()  # decoded once per distinct name, below
     imports: list[str] = []
     docs: list[str] = []
     doc_chars = 0
@@ -142,7 +142,7 @@ def extract(source: bytes, lang: str) -> Payload:
             for node in nodes:
                 imports.append(_text(node).strip("\"'<>"))
         elif capture.startswith("reference."):
-            refs.update(_text(node) for node in nodes)
+            raw_refs.update([node.text for node in nodes])
         elif capture == "doc":
             for node in nodes:
                 if doc_chars < _MAX_DOC_CHARS:
@@ -150,7 +150,12 @@ def extract(source: bytes, lang: str) -> Payload:
                     docs.append(text)
                     doc_chars += len(text)
     defs.sort(key=lambda d: (d[2], d[0]))
-    return (lang, defs, dict(refs), sorted(set(imports)), file_terms(defs, docs, refs), "")
+    refs: dict[str, int] = {}
+    for raw, count in raw_refs.items():
+        if raw:
+            name = raw.decode("utf-8", "replace")
+            refs[name] = refs.get(name, 0) + count
+    return (lang, defs, refs, sorted(set(imports)), file_terms(defs, docs, refs), "")
 
 
 DEF_WEIGHT = 2
