@@ -125,7 +125,7 @@ def _hash_file(path: Path) -> str | None:
         return None
 
 
-def _wanted(path: str, skipped: list[tuple[str, str]]) -> str | None:
+def _wanted(path: str) -> str | None:
     lang = language_for(path)
     if lang is None:
         return None
@@ -135,9 +135,7 @@ def _wanted(path: str, skipped: list[tuple[str, str]]) -> str | None:
     return lang
 
 
-def _scan_git(
-    root: Path, stats: IndexStats, skipped: list[tuple[str, str]]
-) -> list[SourceFile] | None:
+def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
     top_raw = _git(root, "rev-parse", "--show-toplevel")
     if top_raw is None:
         return None
@@ -170,7 +168,7 @@ def _scan_git(
         if prefix and not tracked.startswith(prefix):
             continue
         rel = tracked[len(prefix) :]
-        lang = _wanted(rel, skipped)
+        lang = _wanted(rel)
         if lang is None:
             continue
         path = root / rel
@@ -187,14 +185,14 @@ def _scan_git(
     return files
 
 
-def _scan_walk(root: Path, stats: IndexStats, skipped: list[tuple[str, str]]) -> list[SourceFile]:
+def _scan_walk(root: Path, stats: IndexStats) -> list[SourceFile]:
     files: list[SourceFile] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
         for name in sorted(filenames):
             path = Path(dirpath) / name
             rel = path.relative_to(root).as_posix()
-            lang = _wanted(rel, skipped)
+            lang = _wanted(rel)
             if lang is None or path.is_symlink():
                 continue
             content_id = _hash_file(path)
@@ -210,9 +208,9 @@ def scan(
     """Source files under ``root`` with content ids, and files skipped with the reason."""
     stats = stats if stats is not None else IndexStats()
     skipped: list[tuple[str, str]] = []
-    found = _scan_git(root, stats, skipped)
+    found = _scan_git(root, stats)
     if found is None:
-        found = _scan_walk(root, stats, skipped)
+        found = _scan_walk(root, stats)
     kept: list[SourceFile] = []
     base = str(root)
     for f in found:
