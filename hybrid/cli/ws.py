@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -55,6 +56,32 @@ def up(
         opts["policy_file"], opts["timeout"], opts["memory"], opts["pids"], opts["cpus"], tier
     )
     backend = _backend()
+    text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
+    with _status(as_json, text):
+        made = _up(backend, name, repo, image, snapshot, gvisor, spec, opts)
+    info = made.info()
+    emit(info, as_json, lambda: click.echo(info.name))
+
+
+def _status(as_json: bool, text: str) -> Any:
+    """A spinner on stderr for long work (never in --json mode)."""
+    if as_json:
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(text, spinner="dots")
+
+
+def _up(
+    backend: Any,
+    name: str | None,
+    repo: Path | None,
+    image: str | None,
+    snapshot: str | None,
+    gvisor: bool,
+    spec: Any,
+    opts: dict[str, Any],
+) -> Any:
     if snapshot:
         if image or repo:
             raise InvalidInput(
@@ -65,11 +92,8 @@ def up(
             or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus"))
             or gvisor
         )
-        made = backend.start(snapshot, spec=spec if given else None, name=name, persistent=True)
-    else:
-        made = backend.create(spec, image=image, repo=repo, name=name, persistent=True)
-    info = made.info()
-    emit(info, as_json, lambda: click.echo(info.name))
+        return backend.start(snapshot, spec=spec if given else None, name=name, persistent=True)
+    return backend.create(spec, image=image, repo=repo, name=name, persistent=True)
 
 
 @ws.command("exec", context_settings={"ignore_unknown_options": True})
@@ -202,7 +226,8 @@ def diff(name: str, output: Path | None, as_json: bool) -> None:
 @json_option
 def snapshot(name: str, snapshot: str, as_json: bool) -> None:
     """Commit a workstation (files, installed packages) as SNAPSHOT; start from it with `ws up --from`."""
-    info = _backend().open(name).snapshot(snapshot)
+    with _status(as_json, f"committing {name} as {snapshot}"):
+        info = _backend().open(name).snapshot(snapshot)
     emit(info, as_json, lambda: click.echo(info.name))
 
 
@@ -212,7 +237,8 @@ def snapshot(name: str, snapshot: str, as_json: bool) -> None:
 @json_option
 def fork(name: str, count: int, as_json: bool) -> None:
     """Start COUNT copies of a workstation's current state, for parallel attempts."""
-    forks = _backend().open(name).fork(count)
+    with _status(as_json, f"forking {name} into {count}"):
+        forks = _backend().open(name).fork(count)
     infos = [f.info() for f in forks]
     emit(infos, as_json, lambda: click.echo("\n".join(i.name for i in infos)))
 

@@ -463,6 +463,8 @@ class DockerWorkstation:
         script = [
             f"mkdir -p {BASELINE_DIR} && git init -q --bare {BASELINE_DIR}",
             f"echo /.hybrid/ > {BASELINE_DIR}/info/exclude",
+            # Keep the baseline out of the repository's own `git status` too.
+            "{ test ! -d .git || { mkdir -p .git/info && echo /.hybrid/ >> .git/info/exclude; }; }",
         ]
         if commit:
             script.append(

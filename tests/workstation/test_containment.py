@@ -255,6 +255,8 @@ def test_diff_round_trips(engine, tier, make_spec, tmp_path):
 
     with engine.create(make_spec(tier), repo=repo) as ws:
         assert ws.diff() == ""
+        status = ws.exec("git status --porcelain")
+        assert status.ok and status.stdout == " M README.md\n", status  # the copy's own state
         edit = (
             "sed -i 's/a + b/a + b  # checked/' src/app.py && rm old.txt && "
             "mkdir -p pkg && echo 'x = 1' > pkg/new.py && "
