@@ -211,13 +211,18 @@ def _split(value: str) -> tuple[str, str] | None:
 def diff(name: str, output: Path | None, as_json: bool) -> None:
     """The agent's changes as a unified diff (apply with `git apply`)."""
     patch = _backend().open(name).diff()
+    # Files in other encodings come back as surrogate escapes: write the original bytes.
+    raw = patch.encode("utf-8", errors="surrogateescape")
     if output is not None:
-        output.write_text(patch, encoding="utf-8")
-    emit(
-        {"name": name, "diff": patch},
-        as_json,
-        lambda: None if output else click.echo(patch, nl=False),
-    )
+        output.write_bytes(raw)
+
+    def render() -> None:
+        if output is None:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(raw)
+            sys.stdout.flush()
+
+    emit({"name": name, "diff": raw.decode("utf-8", errors="replace")}, as_json, render)
 
 
 @ws.command("snapshot")

@@ -487,14 +487,16 @@ class DockerWorkstation:
             f" && echo /.hybrid/ > {BASELINE_DIR}/info/exclude; }}; "
             f"{git} add -A && "
             f"if {git} rev-parse -q --verify HEAD >/dev/null; then base=HEAD; else base={_EMPTY_TREE}; fi && "
-            f"{git} diff --cached --binary --no-color --no-ext-diff $base"
+            # Into a file, not stdout: a patch is not bounded by the output budget.
+            f"{git} diff --cached --binary --no-color --no-ext-diff $base > .hybrid/agent.patch"
         )
         result = self.exec(script, timeout=max(60.0, self.spec.budget.wall_seconds))
         if not result.ok:
             raise WorkstationError(
                 f"diff in {self.name} failed: {result.detail}: {result.stderr.strip()[-500:]}"
             )
-        return result.stdout
+        patch = self.get(f"{self.spec.workspace}/.hybrid/agent.patch") or b""
+        return patch.decode("utf-8", errors="surrogateescape")
 
     # -- snapshots --------------------------------------------------------------------------
 
