@@ -17,6 +17,13 @@ and no ranking, so only its cold time is meaningful.
 
 Prints one markdown table (medians over --runs; cold runs once per repository and tool
 unless --cold-runs says otherwise).
+
+``--localization REPO`` (repeatable) adds a second table: file-level Acc@1 / Acc@5 / MRR on
+the repository's own bug-fix commits (the cases of ``hybrid context eval``) for hybrid's
+ranking modes and for aider's RepoMap ranking, given the commit message the way aider's
+coder would (identifiers and file names mentioned):
+
+    python benchmarks/repo_map.py --localization /tmp/flask --localization /tmp/click
 """
 
 from __future__ import annotations
@@ -49,6 +56,143 @@ rm = RepoMap(map_tokens=int(sys.argv[2]), root=root, main_model=Model(), io=io)
 out = rm.get_repo_map([], files) or ""
 sys.stdout.write(out)
 """
+
+
+AIDER_LOCALIZE = r"""
+import json, os, re, subprocess, sys
+from collections import defaultdict
+from pathlib import Path
+from aider.io import InputOutput
+from aider.repomap import RepoMap
+
+class Model:
+    def token_count(self, text):
+        return (len(text) + 3) // 4
+
+worktree, cases = sys.argv[1], json.load(open(sys.argv[2]))
+io = InputOutput(pretty=False, yes=True, fancy_input=False)
+out = []
+for case in cases:
+    subprocess.run(["git", "-C", worktree, "checkout", "-q", "--detach", "--force", case["parent"]], check=True)
+    listing = subprocess.run(["git", "-C", worktree, "ls-files"], capture_output=True, text=True).stdout
+    rel = [f for f in listing.split("\n") if f]
+    files = [os.path.join(worktree, f) for f in rel]
+    # what aider's coder does with a chat message: identifiers and file mentions
+    idents = set(re.split(r"\W+", case["task"]))
+    by_stem = defaultdict(set)
+    for f in rel:
+        stem = Path(f).stem.lower()
+        if len(stem) >= 5:
+            by_stem[stem].add(os.path.join(worktree, f))
+    words = {w.strip("\"'`*_").rstrip(",.!;:?") for w in case["task"].split()}
+    mentioned = {os.path.join(worktree, f) for f in rel if f in words or os.path.basename(f) in words}
+    for ident in idents:
+        if len(ident) >= 5:
+            mentioned |= by_stem.get(ident.lower(), set())
+    rm = RepoMap(map_tokens=1024, root=worktree, main_model=Model(), io=io)
+    ranked = rm.get_ranked_tags([], files, mentioned, idents)
+    order = []
+    for tag in ranked:
+        name = tag[0]
+        if name not in order:
+            order.append(name)
+    ranks = [order.index(g) + 1 for g in case["gold"] if g in order]
+    out.append(min(ranks) if ranks else 0)
+json.dump(out, open(sys.argv[3], "w"))  # not stdout: aider prints progress there
+"""
+
+
+def localization(repo: Path, limit: int, aider_python: str | None) -> list[list[str]]:
+    """Acc@1 / Acc@5 / MRR on the repo's bug-fix history: hybrid's modes and aider's ranking."""
+    from hybrid.context.evaluate import evaluate, mine_cases
+
+    report = evaluate(repo, limit)
+    rows = []
+    labels = {
+        "fused": "hybrid (PPR + BM25)",
+        "bm25": "hybrid BM25 only",
+        "graph": "hybrid graph only",
+    }
+    for mode, m in report.metrics.items():
+        rows.append(
+            [
+                repo.name,
+                str(report.cases),
+                labels[mode],
+                f"{m.acc_at_1:.2f}",
+                f"{m.acc_at_5:.2f}",
+                f"{m.mrr:.3f}",
+            ]
+        )
+    if aider_python and Path(aider_python).exists():
+        import json
+
+        cases = mine_cases(repo, limit)
+        work = Path(tempfile.mkdtemp(prefix="hybrid-loc-"))
+        try:
+            worktree = work / "wt"
+            subprocess.run(
+                [
+                    "git",
+                    "-C",
+                    str(repo),
+                    "worktree",
+                    "add",
+                    "--detach",
+                    "--quiet",
+                    str(worktree),
+                    cases[0].parent,
+                ],
+                check=True,
+            )
+            (work / "cases.json").write_text(json.dumps([c.model_dump() for c in cases]))
+            (work / "driver.py").write_text(AIDER_LOCALIZE)
+            env = dict(os.environ, PYTHONHASHSEED="0")
+            out = subprocess.run(
+                [
+                    aider_python,
+                    str(work / "driver.py"),
+                    str(worktree),
+                    str(work / "cases.json"),
+                    str(work / "ranks.json"),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
+            if out.returncode != 0:
+                rows.append(
+                    [
+                        repo.name,
+                        str(len(cases)),
+                        "aider RepoMap ranking",
+                        "failed",
+                        out.stderr[-200:],
+                        "",
+                    ]
+                )
+            else:
+                ranks = json.loads((work / "ranks.json").read_text())
+                n = len(ranks) or 1
+                rows.append(
+                    [
+                        repo.name,
+                        str(len(ranks)),
+                        "aider RepoMap ranking",
+                        f"{sum(r == 1 for r in ranks) / n:.2f}",
+                        f"{sum(1 <= r <= 5 for r in ranks) / n:.2f}",
+                        f"{sum(1 / r for r in ranks if r) / n:.3f}",
+                    ]
+                )
+        finally:
+            subprocess.run(
+                ["git", "-C", str(repo), "worktree", "remove", "--force", str(work / "wt")],
+                capture_output=True,
+            )
+            subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
 
 
 def _pss(pid: int) -> int:
@@ -274,7 +418,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--repo", action="append", required=True, help="a git checkout (repeatable)"
+        "--repo", action="append", default=[], help="a git checkout to time (repeatable)"
     )
     parser.add_argument(
         "--aider-python",
@@ -284,11 +428,34 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per warm / one-file scenario")
     parser.add_argument("--cold-runs", type=int, default=1, help="cold runs for hybrid")
     parser.add_argument("--task", default="", help="also time `hybrid map --task TEXT`")
+    parser.add_argument(
+        "--localization",
+        action="append",
+        default=[],
+        help="also score file localization on this repo's bug-fix history, hybrid vs aider (repeatable)",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=50, help="bug-fix commits per localization repo"
+    )
     args = parser.parse_args()
+    if args.localization:
+        loc: list[list[str]] = []
+        for repo in args.localization:
+            loc.extend(localization(Path(repo).resolve(), args.limit, args.aider_python))
+        head = ["repo", "cases", "ranking", "Acc@1", "Acc@5", "MRR"]
+        print(
+            "\nfile localization on bug-fix commits (message = task, changed non-test files = gold)\n"
+        )
+        print("| " + " | ".join(head) + " |")
+        print("|" + "|".join("---" for _ in head) + "|")
+        for row in loc:
+            print("| " + " | ".join(row) + " |")
     rows: list[list[str]] = []
     for repo in args.repo:
         rows.extend(bench_repo(Path(repo).resolve(), args))
         print(f"done {repo}", file=sys.stderr)
+    if not rows:
+        return
     header = ["repo", "files", "tool", "cold s", "warm s", "one file changed s", "peak MB"]
     print(
         f"\nrepo map build, whole process, {os.cpu_count()} cores; wall seconds (CPU seconds "
