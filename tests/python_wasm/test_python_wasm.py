@@ -151,8 +151,9 @@ def test_sleeping_cannot_outlive_the_deadline(code: str) -> None:
     start = time.monotonic()
     result = run_python(code, spec=spec(wall_seconds=0.5))
     elapsed = time.monotonic() - start
-    assert result.termination is Termination.TIMEOUT
-    assert elapsed < 3.0
+    assert result.termination is Termination.TIMEOUT, result
+    # 0.5 s deadline + 0.5 s backstop grace; the rest is slack for a loaded CI machine.
+    assert elapsed < 4.0, (elapsed, result)
 
 
 def test_a_host_call_that_bypasses_the_sleep_cap_still_returns_at_the_deadline() -> None:
