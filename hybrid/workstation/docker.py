@@ -521,9 +521,16 @@ class DockerWorkstation:
                     network_disabled=True,
                     host_config=api.create_host_config(network_mode="none"),
                 )["Id"]
-                chunks, _ = api.get_archive(self.id, self.spec.workspace)
-                parent = str(PurePosixPath(self.spec.workspace).parent)
-                api.put_archive(builder, parent, _Chunks(chunks))
+                # Freeze the processes while the workspace is read, so the snapshot is one
+                # consistent moment even if something inside is still writing.
+                paused = self._running and self._pause()
+                try:
+                    chunks, _ = api.get_archive(self.id, self.spec.workspace)
+                    parent = str(PurePosixPath(self.spec.workspace).parent)
+                    api.put_archive(builder, parent, _Chunks(chunks))
+                finally:
+                    if paused:
+                        api.unpause(self.id)
                 image_labels = {
                     LABEL_MANAGED: "1",
                     LABEL_KIND: "snapshot",
@@ -543,6 +550,13 @@ class DockerWorkstation:
                     with contextlib.suppress(errors.DockerException):
                         api.remove_container(builder, force=True)
         return self._backend.snapshot_info(name)
+
+    def _pause(self) -> bool:
+        try:
+            client().api.pause(self.id)
+            return True
+        except errors.APIError:
+            return False  # not running (a deadline stopped it): nothing can write anyway
 
     def fork(self, n: int) -> list[DockerWorkstation]:
         """``n`` new workstations starting from this one's current state (one snapshot, n starts)."""
