@@ -121,3 +121,10 @@ def test_deadline_stops_a_long_search(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 5
     assert report.termination is Termination.TIMEOUT
     assert not report.ok and report.matches == []
+
+
+def test_empty_file_has_no_lines(tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "two.txt").write_text("x\n\ny\n")
+    report = grep("^$", tmp_path)
+    assert [(m.path, m.line) for m in report.matches] == [("two.txt", 2)]

@@ -153,6 +153,8 @@ def test_path_escape_is_blocked() -> None:
         ("diff --git a/x b/y\nrename from x\n", "'rename from' and 'rename to'"),
         ("diff --git a/x b/x\nGIT binary patch\nnot a block\n", "without a literal or delta block"),
         ("diff --git a/x b/x\nsomething odd\n", "unexpected line in git file header"),
+        ("diff --git a/x b/x\n", "without any header or change"),
+        ('diff --git "a/x" "b/x\nindex 1..2\n', "unterminated quoted path"),
     ],
 )
 def test_malformed_diffs(diff: str, message: str) -> None:
@@ -185,11 +187,12 @@ def test_quoted_and_unicode_paths(repo: Path) -> None:
 
 
 def test_format_patch_series_and_log_p(repo: Path) -> None:
-    git(repo, "mv", "src/gone.txt", "src/kept.txt")
-    git(repo, "commit", "-qm", "rename only")
     (repo / "src" / "new.py").write_text("x = 1\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "add new.py\n\n- a bullet line\n+ another one\n")
+    # Newest: in `git log -p` the next commit's header follows this header-only section.
+    git(repo, "mv", "src/gone.txt", "src/kept.txt")
+    git(repo, "commit", "-qm", "rename only\n\n- moved")
     for text in (git(repo, "format-patch", "-2", "--stdout"), git(repo, "log", "-p", "-2")):
         report = scope(text, allow=["src"])
         assert report.ok, report.violations

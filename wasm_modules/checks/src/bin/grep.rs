@@ -131,7 +131,14 @@ impl Search {
         let text = String::from_utf8_lossy(&data);
         let lines: Vec<&str> =
             text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).collect();
-        let count = if text.ends_with('\n') { lines.len() - 1 } else { lines.len() };
+        // "a\nb\n" is two lines, "" none (like grep: an empty file has no empty line to match).
+        let count = if text.is_empty() {
+            0
+        } else if text.ends_with('\n') {
+            lines.len() - 1
+        } else {
+            lines.len()
+        };
         let mut matched = false;
         for i in 0..count {
             let line = lines[i];

@@ -114,6 +114,8 @@ struct FileChange {
     rename_to: Option<String>,
     /// The `---`/`+++` pair was seen; extended headers end there.
     headers_done: bool,
+    /// Some extended header (mode, index, rename, binary) was seen.
+    saw_header: bool,
 }
 
 fn malformed(line: usize, message: &str) -> ! {
@@ -122,6 +124,9 @@ fn malformed(line: usize, message: &str) -> ! {
 
 /// Undo git's C-style quoting of a path with unusual characters.
 fn unquote(s: &str) -> String {
+    if s.len() < 2 || !s.ends_with('"') {
+        return s.trim_start_matches('"').to_string();
+    }
     let inner = &s[1..s.len() - 1];
     let bytes = inner.as_bytes();
     let mut out: Vec<u8> = Vec::new();
@@ -186,7 +191,14 @@ fn git_paths(rest: &str, line: usize) -> (String, String) {
             closing_quote(rest).unwrap_or_else(|| malformed(line, "unterminated quoted path"));
         let a = unquote(&rest[..=end]);
         let b = rest[end + 1..].trim_start();
-        let b = if b.starts_with('"') { unquote(b) } else { b.to_string() };
+        let b = if b.starts_with('"') {
+            match closing_quote(b) {
+                Some(end) => unquote(&b[..=end]),
+                None => malformed(line, "unterminated quoted path"),
+            }
+        } else {
+            b.to_string()
+        };
         return (a, b);
     }
     // Unquoted names may contain spaces: prefer the split where both sides name the same file.
@@ -253,6 +265,9 @@ impl<'a> Parser<'a> {
             }
             if let Some(to) = f.rename_to.take() {
                 f.new = Some(to);
+            }
+            if f.git && !f.headers_done && !f.saw_header {
+                malformed(f.line, "'diff --git' section without any header or change");
             }
             if f.old.is_none() && f.new.is_none() {
                 malformed(f.line, "file section names no path");
@@ -418,6 +433,8 @@ impl<'a> Parser<'a> {
             let in_git_header = matches!(&self.current, Some(f) if f.git && !f.headers_done);
             if in_git_header {
                 let f = self.current.as_mut().expect("current");
+                let had_header = f.saw_header;
+                f.saw_header = true;
                 if let Some(m) = l.strip_prefix("new file mode ") {
                     f.added = true;
                     f.new_mode = Some(m.to_string());
@@ -458,6 +475,10 @@ impl<'a> Parser<'a> {
                     continue;
                 } else if l.starts_with("--- ") {
                     malformed(lineno, "'---' line without a following '+++' line");
+                } else if had_header {
+                    // A section without ---/+++ (rename, mode change, binary) ends at the first
+                    // line that is not a header: `git log -p` puts the next commit there.
+                    self.finish();
                 } else {
                     malformed(
                         lineno,
