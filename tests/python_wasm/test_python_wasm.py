@@ -308,6 +308,12 @@ def test_a_missing_module_names_the_container_tier() -> None:
     assert "container tier" in result.detail
 
 
+def test_probing_for_an_optional_module_still_works() -> None:
+    code = "import importlib.util\nprint(importlib.util.find_spec('numpy'), bool(importlib.util.find_spec('csv')))"
+    result = run_python(code)
+    assert result.stdout == "None True\n", result
+
+
 def test_documented_module_list_matches_the_guest() -> None:
     documented = set()
     for line in DOCS.read_text().splitlines():

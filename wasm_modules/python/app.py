@@ -126,11 +126,28 @@ _import_all()
 AVAILABLE = frozenset(sys.modules)
 
 
+def _probing():
+    """True when the lookup comes from importlib.util.find_spec, not from an import."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if (
+            frame.f_code.co_name == "find_spec"
+            and frame.f_globals.get("__name__") == "importlib.util"
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Unavailable:
     """Last meta-path finder: a module that is not bundled gets a message naming the way out."""
 
     @staticmethod
     def find_spec(name, path=None, target=None):
+        if _probing():
+            return None  # importlib.util.find_spec("x") is None is how code tests for a module
         top = name.partition(".")[0]
         if top in sys.stdlib_module_names:
             what = f"the standard library module {name!r} is not bundled in the python-wasm tier"
