@@ -115,6 +115,17 @@ def test_stdout_stderr_and_exit_status() -> None:
     assert result.termination is Termination.NONZERO_EXIT
 
 
+def test_os_exit_ends_the_run_with_its_output() -> None:
+    result = run_python("import os\nprint('before', flush=True)\nos._exit(3)")
+    assert result.stdout == "before\n"
+    assert result.termination is Termination.NONZERO_EXIT
+    assert result.exit_code == 1  # WASI's exit carries success or failure only
+    result = run_python("import os\nos._exit(0)")
+    assert result.termination is Termination.OK and result.exit_code == 0
+    result = run_python("import os\nos._exit(0)", "assert False")
+    assert not result.ok and "before its tests ran" in result.detail
+
+
 def test_syntax_error_is_reported_not_raised() -> None:
     result = run_python("def broken(:\n    pass")
     assert result.termination is Termination.NONZERO_EXIT

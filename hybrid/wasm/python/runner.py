@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import shutil
 import tempfile
 import threading
@@ -109,6 +110,7 @@ def run_python(
         }
     )
     outcome = _Outcome()
+    outcome.expects_tests = tests is not None
     try:
         run_id = next(_counter)
         root = _scratch_root()
@@ -190,6 +192,7 @@ class _Workers:
 _WORKERS = _Workers()
 
 
+_EXITED = re.compile(r"Exited with i32 exit status (\d+)")
 _counter = itertools.count()
 _root_lock = threading.Lock()
 _root: Path | None = None
@@ -215,6 +218,8 @@ class _Outcome:
         self.pipes: tuple[OutputPipe, ...] = ()
         self.store: wasmtime.Store | None = None
         self.response: dict[str, Any] | None = None
+        self.exit_status: int | None = None
+        self.expects_tests = False
         self.termination = Termination.OK
         self.detail = ""
         self.wall_ms = 0.0
@@ -234,7 +239,17 @@ class _Outcome:
         except wasmtime.Trap as exc:
             self.termination, self.detail = _classify_trap(exc)
         except wasmtime.WasmtimeError as exc:
-            self.termination, self.detail = _classify_component_error(exc)
+            exited = _EXITED.search(str(exc))
+            if exited:  # os._exit(): WASI's exit carries only success or failure
+                self.exit_status = int(exited.group(1))
+                if self.expects_tests:
+                    self.termination = Termination.ERROR
+                    self.detail = "the snippet called os._exit before its tests ran"
+                elif self.exit_status:
+                    self.termination = Termination.NONZERO_EXIT
+                    self.detail = f"the snippet exited with os._exit (status {self.exit_status})"
+            else:
+                self.termination, self.detail = _classify_component_error(exc)
         except Exception as exc:  # a malformed response: never report it as a clean run
             self.termination = Termination.ERROR
             self.detail = f"python-wasm harness error: {type(exc).__name__}: {exc}"
@@ -282,7 +297,7 @@ class _Outcome:
         termination, detail = self.termination, self.detail
         response = self.response or {}
         tests = [TestOutcome(**t) for t in response.get("tests", [])]
-        exit_code: int | None = response.get("exit_code") if self.response is not None else None
+        exit_code: int | None = response.get("exit_code", self.exit_status)
         error = response.get("error")
         if self.response is not None:
             if response.get("memory_error"):
