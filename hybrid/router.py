@@ -139,8 +139,13 @@ def _fit(job: Job, tier: str) -> str | None:
         )
         if flag
     ]
-    if job.needs_network:
-        return "the job needs network; no tier grants allow-listed egress yet"
+    if job.needs_network or job.spec.network.mode == "egress":
+        if tier in ("wasm", "python-wasm"):
+            return "no network in WebAssembly"
+        if tier == "gvisor":
+            return "gVisor here runs with --network=none (no network namespace of its own)"
+        if job.spec.network.mode != "egress" or not job.spec.network.allow:
+            return 'network needs network.mode = "egress" with an allow-list (--allow HOST)'
     if tier == "wasm":
         if job.check is None and job.module() is None:
             return "runs only built-in checks and WASI modules"
@@ -222,6 +227,8 @@ def _reasons(job: Job, tier: str, wanted: str) -> list[str]:
             )
             if flag
         ]
+        if job.spec.network.mode == "egress":
+            needs.append("egress to " + ", ".join(job.spec.network.allow))
         if needs:
             reasons.append("needs " + ", ".join(needs))
         elif job.snippet() is None:

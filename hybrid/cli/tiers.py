@@ -10,7 +10,7 @@ import click
 
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
-from hybrid.policy import Budget, SandboxSpec, parse_size
+from hybrid.policy import Budget, NetworkPolicy, SandboxSpec, parse_size
 from hybrid.results import ExecutionResult, Termination
 
 
@@ -28,6 +28,11 @@ def spec_options(func: Any) -> Any:
             click.option("--memory", help="Memory cap, e.g. 512M."),
             click.option("--pids", type=int, help="Maximum processes."),
             click.option("--cpus", type=float, help="CPU share in cores."),
+            click.option(
+                "--allow",
+                multiple=True,
+                help="Egress to HOST[:PORT] through the allow-list proxy (repeatable; docker tier).",
+            ),
         ]
     ):
         func = option(func)
@@ -41,6 +46,7 @@ def build_spec(
     pids: int | None,
     cpus: float | None,
     tier: str = "auto",
+    allow: tuple[str, ...] = (),
 ) -> SandboxSpec:
     """A SandboxSpec from a policy file (or defaults) with command-line overrides applied."""
     spec = SandboxSpec.from_toml(policy_file) if policy_file else SandboxSpec()
@@ -54,6 +60,8 @@ def build_spec(
     except ValueError as exc:
         raise InvalidInput(f"bad budget option: {str(exc).splitlines()[-1].strip()}") from None
     update: dict[str, Any] = {"budget": new_budget}
+    if allow:
+        update["network"] = NetworkPolicy(mode="egress", allow=[*spec.network.allow, *allow])
     if tier != "auto" or policy_file is None:
         update["tier"] = tier
     return spec.model_copy(update=update)
@@ -106,7 +114,12 @@ def _job(command: tuple[str, ...], opts: dict[str, Any]) -> tuple[Any, Any]:
     from hybrid.router import Job
 
     spec = build_spec(
-        opts["policy_file"], opts["timeout"], opts["memory"], opts["pids"], opts["cpus"]
+        opts["policy_file"],
+        opts["timeout"],
+        opts["memory"],
+        opts["pids"],
+        opts["cpus"],
+        allow=opts["allow"],
     )
     if not command and not opts["python_src"]:
         raise InvalidInput("give a command after -- (or --python CODE)")

@@ -53,7 +53,13 @@ def up(
     """Start a workstation (it stays until `ws down`)."""
     tier = "gvisor" if gvisor else "docker"
     spec = build_spec(
-        opts["policy_file"], opts["timeout"], opts["memory"], opts["pids"], opts["cpus"], tier
+        opts["policy_file"],
+        opts["timeout"],
+        opts["memory"],
+        opts["pids"],
+        opts["cpus"],
+        tier,
+        opts["allow"],
     )
     backend = _backend()
     text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
@@ -90,6 +96,7 @@ def _up(
         given = (
             opts["policy_file"]
             or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus"))
+            or opts["allow"]
             or gvisor
         )
         return backend.start(snapshot, spec=spec if given else None, name=name, persistent=True)

@@ -54,6 +54,7 @@ class GcReport(BaseModel):
 
     containers: list[str] = Field(default_factory=list)
     volumes: list[str] = Field(default_factory=list)
+    networks: list[str] = Field(default_factory=list)
     images: list[str] = Field(default_factory=list)
 
 

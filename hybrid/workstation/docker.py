@@ -6,6 +6,10 @@ memory and CPU are capped, the network is none and only allow-listed variables a
 repository goes in as a copy (put_archive), never a bind mount. All state lives in the
 engine's labels, so any process can find a workstation by name.
 
+``network.mode = "egress"`` (runc only: runsc runs with --network=none here) puts the
+workstation on an internal network with no route out, next to one proxy container that forwards
+only to the allow-list (see proxy.py).
+
 The supervisor deadline kills the whole container (every process, children included) and keeps
 the partial output; the workspace volume survives, so the next exec starts it again. Under
 gVisor a pids or memory breach kills the whole sandbox: the supervisor notices and reports it.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
+import json
 import os
 import re
 import secrets
@@ -65,6 +70,7 @@ LABEL_SNAPSHOT = "hybrid.snapshot"
 LABEL_SNAPSHOT_OF = "hybrid.snapshot-of"
 LABEL_SOURCE = "hybrid.source"
 LABEL_EPHEMERAL = "hybrid.ephemeral"
+LABEL_NETWORK = "hybrid.network"
 
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
@@ -367,7 +373,7 @@ class DockerWorkstation:
         return bool(client().api.inspect_container(self.id)["State"].get("Running"))
 
     def _environment(self, extra: dict[str, str] | None) -> dict[str, str]:
-        env = {"PATH": BASE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
+        env = _base_env(self.spec)
         env.update(self.spec.env.resolve())
         refused = sorted(set(extra or {}) - set(self.spec.env.allow))
         if refused:
@@ -702,9 +708,10 @@ class DockerBackend:
         runtime = runtime_for(spec)
         tier = "gvisor" if runtime == "runsc" else "docker"
         violations = admit(spec, tier)
-        if spec.network.mode != "none":
+        if spec.network.mode == "egress" and runtime == "runsc":
             violations.append(
-                'network: the docker tier does not enforce egress allow-lists yet; use mode = "none"'
+                "network: gVisor here runs with --network=none (the host cannot give it a "
+                'network namespace); use the docker tier for egress, or mode = "none"'
             )
         if violations:
             raise PolicyViolation(violations)
@@ -730,6 +737,7 @@ class DockerBackend:
                 LABEL_VOLUME: f"hybrid-{name}-workspace",
                 LABEL_BASE: base,
                 LABEL_SNAPSHOT_OF: snapshot_of or "",
+                LABEL_NETWORK: f"hybrid-{name}-net" if spec.network.mode == "egress" else "",
             }
             if api.containers(
                 all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_NAME}={name}"]}
@@ -743,6 +751,8 @@ class DockerBackend:
             )["Name"]
             container_id = None
             try:
+                if labels[LABEL_NETWORK]:
+                    self._egress(labels, spec)
                 if (
                     image_labels.get(LABEL_KIND) not in ("base", "snapshot")
                     or spec.workspace != "/workspace"
@@ -755,10 +765,10 @@ class DockerBackend:
                     hostname="workstation",
                     user=self.user,
                     working_dir=spec.workspace,
-                    environment={"PATH": BASE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"},
+                    environment=_base_env(spec),
                     labels=labels,
-                    network_disabled=True,
-                    host_config=self._host_config(spec, runtime, volume),
+                    network_disabled=not labels[LABEL_NETWORK],
+                    host_config=self._host_config(spec, runtime, volume, labels[LABEL_NETWORK]),
                 )["Id"]
                 api.start(container_id)
             except BaseException:
@@ -767,6 +777,7 @@ class DockerBackend:
                         api.remove_container(container_id, force=True)
                 with contextlib.suppress(errors.DockerException):
                     api.remove_volume(volume, force=True)
+                self._remove_egress(name)
                 raise
             ws = DockerWorkstation(client().containers.get(container_id), self)
         if repo is not None:
@@ -777,7 +788,57 @@ class DockerBackend:
                 raise
         return ws
 
-    def _host_config(self, spec: SandboxSpec, runtime: str, volume: str) -> dict[str, Any]:
+    def _egress(self, labels: dict[str, str], spec: SandboxSpec) -> None:
+        # An internal network (no route out) shared with one proxy container that also sits on
+        # the default bridge and forwards only to the allow-list.
+        from hybrid.workstation import proxy
+        from hybrid.workstation.images import BASE_IMAGE
+
+        api = client().api
+        name = labels[LABEL_NAME]
+        owned = {
+            LABEL_MANAGED: "1",
+            LABEL_NAME: name,
+            LABEL_OWNER: labels[LABEL_OWNER],
+            LABEL_PERSISTENT: labels[LABEL_PERSISTENT],
+        }
+        api.create_network(
+            labels[LABEL_NETWORK],
+            driver="bridge",
+            internal=True,
+            labels={**owned, LABEL_KIND: "network"},
+        )
+        source = Path(proxy.__file__).read_text(encoding="utf-8")
+        helper = api.create_container(
+            BASE_IMAGE,
+            command=["python3", "-c", source],
+            name=f"hybrid-{name}-proxy",
+            user=self.user,
+            environment={"HYBRID_ALLOW": json.dumps(spec.network.allow)},
+            labels={**owned, LABEL_KIND: "proxy"},
+            host_config=api.create_host_config(
+                network_mode="bridge",
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                pids_limit=64,
+                mem_limit=128 * 1024**2,
+                init=True,
+            ),
+        )["Id"]
+        api.connect_container_to_network(helper, labels[LABEL_NETWORK], aliases=["proxy"])
+        api.start(helper)
+
+    def _remove_egress(self, name: str) -> None:
+        api = client().api
+        with contextlib.suppress(errors.DockerException):
+            api.remove_container(f"hybrid-{name}-proxy", force=True)
+        with contextlib.suppress(errors.DockerException):
+            api.remove_network(f"hybrid-{name}-net")
+
+    def _host_config(
+        self, spec: SandboxSpec, runtime: str, volume: str, network: str = ""
+    ) -> dict[str, Any]:
         budget = spec.budget
         mounts = [DockerMount(spec.workspace, volume, type="volume")]
         mounts += [
@@ -792,7 +853,7 @@ class DockerBackend:
         tmp_size = min(budget.memory, 1024**3)
         config: dict[str, Any] = client().api.create_host_config(
             runtime=runtime,
-            network_mode="none",
+            network_mode=network or "none",
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={tmp_size},mode=1777"},
             mounts=mounts,
@@ -918,10 +979,14 @@ class DockerBackend:
     def remove_container(self, container_id: str, volume: str | None) -> None:
         api = client().api
         image = None
+        labels: dict[str, str] = {}
         with translate("remove workstation"), contextlib.suppress(errors.NotFound):
             attrs = api.inspect_container(container_id)
             image = attrs["Config"]["Image"]
+            labels = attrs["Config"].get("Labels") or {}
             api.remove_container(container_id, force=True)
+        if labels.get(LABEL_NETWORK):
+            self._remove_egress(labels[LABEL_NAME])
         if volume:
             with translate("remove workspace volume"), contextlib.suppress(errors.NotFound):
                 api.remove_volume(volume, force=True)
@@ -953,7 +1018,10 @@ class DockerBackend:
                 if everything or abandoned:
                     with contextlib.suppress(errors.NotFound):
                         api.remove_container(row["Id"], force=True)
-                        report.containers.append(labels.get(LABEL_NAME) or row["Id"][:12])
+                        shown = (row.get("Names") or [row["Id"][:12]])[0].lstrip("/")
+                        if labels.get(LABEL_KIND) == "workstation":
+                            shown = labels.get(LABEL_NAME) or shown
+                        report.containers.append(shown)
             in_use = {
                 m.get("Name")
                 for row in api.containers(all=True)
@@ -965,6 +1033,12 @@ class DockerBackend:
                     with contextlib.suppress(errors.NotFound):
                         api.remove_volume(volume["Name"], force=True)
                         report.volumes.append(volume["Name"])
+            for network in api.networks(filters={"label": f"{LABEL_MANAGED}=1"}):
+                attached = api.inspect_network(network["Id"]).get("Containers") or {}
+                if not attached:
+                    with contextlib.suppress(errors.NotFound):
+                        api.remove_network(network["Id"])
+                        report.networks.append(network["Name"])
             used_images = {row.get("ImageID") for row in api.containers(all=True)}
             for row in api.images(
                 all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_KIND}=snapshot"]}
@@ -978,6 +1052,18 @@ class DockerBackend:
                         api.remove_image(row["Id"], force=True)
                         report.images.append(labels.get(LABEL_SNAPSHOT) or row["Id"][7:19])
         return report
+
+
+def _base_env(spec: SandboxSpec) -> dict[str, str]:
+    env = {"PATH": BASE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
+    if spec.network.mode == "egress":
+        from hybrid.workstation.proxy import PORT
+
+        url = f"http://proxy:{PORT}"
+        for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            env[key] = url
+        env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1"
+    return env
 
 
 def _host_pids(pids: int, runtime: str) -> int:

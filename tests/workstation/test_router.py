@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.errors import EngineUnavailable, PolicyViolation
-from hybrid.policy import Budget, SandboxSpec
+from hybrid.policy import Budget, NetworkPolicy, SandboxSpec
 from hybrid.results import Termination
 from hybrid.router import Job, route, run
 
@@ -63,8 +63,20 @@ def test_unavailable_tiers_are_explained():
     assert "no engine" in str(refused.value)
     with pytest.raises(EngineUnavailable):
         route(Job(command=["make"]), tier="gvisor", available=NO_ENGINE)
-    with pytest.raises(PolicyViolation):
+    with pytest.raises(PolicyViolation) as refused:
         route(Job(command=["curl", "example.org"], needs_network=True), available=EVERYTHING)
+    assert "allow-list" in str(refused.value)
+
+
+def test_network_jobs_need_an_allow_list_and_runc():
+    egress = SandboxSpec(network=NetworkPolicy(mode="egress", allow=["pypi.org:443"]))
+    chosen = route(Job(command=["pip", "download", "six"], spec=egress), available=EVERYTHING)
+    assert chosen.tier == "docker"
+    assert "egress to pypi.org:443" in " ".join(chosen.reasons)
+    assert "network" in chosen.rejected["python-wasm"] or "network" in chosen.rejected["wasm"]
+    with pytest.raises(PolicyViolation) as refused:
+        route(Job(command=["./x"], spec=egress, untrusted=True), available=EVERYTHING)
+    assert "gVisor" in str(refused.value)
 
 
 def test_explicit_tier_must_honour_the_job():

@@ -73,8 +73,10 @@ def test_only_allow_listed_environment(engine):
 def test_refusals_are_typed(engine):
     with pytest.raises(PolicyViolation):
         engine.create(
-            SandboxSpec(tier="docker", network=NetworkPolicy(mode="egress", allow=["pypi.org"]))
+            SandboxSpec(tier="gvisor", network=NetworkPolicy(mode="egress", allow=["pypi.org"]))
         )
+    with pytest.raises(PolicyViolation):
+        engine.create(SandboxSpec(tier="docker", network=NetworkPolicy(mode="egress")))
     with pytest.raises(WorkstationNotFound):
         engine.open("no-such-workstation")
     with pytest.raises(WorkstationNotFound):
@@ -182,3 +184,43 @@ def test_any_image_and_workspace_path(engine, tmp_path):
             assert "+new" in ws.diff()
     finally:
         api.remove_image(tag, force=True)
+
+
+EGRESS_PROBE = """
+import socket, sys, urllib.request
+for url in sys.argv[1:]:
+    try:
+        print(url, urllib.request.urlopen(url, timeout=20).status)
+    except Exception as e:
+        print(url, type(e).__name__, getattr(e, "code", ""))
+try:
+    socket.create_connection(("1.1.1.1", 80), timeout=3)
+    print("direct connected")
+except OSError:
+    print("direct refused")
+"""
+
+
+def test_egress_reaches_only_the_allow_list(engine):
+    """network.mode = egress: a proxy on an internal network forwards to the allow-list only."""
+    from urllib.parse import urlsplit
+
+    from hybrid.workstation.docker import client
+    from hybrid.workstation.images import find_mirror
+
+    mirror = find_mirror()  # this machine's own Debian mirror: reachable wherever apt works
+    host = urlsplit(mirror).hostname
+    spec = SandboxSpec(tier="docker", network=NetworkPolicy(mode="egress", allow=[f"{host}:80"]))
+    allowed = f"{mirror}/dists/bookworm/Release"
+    denied = "http://example.invalid/"
+    with engine.create(spec) as ws:
+        result = ws.exec(["python3", "-c", EGRESS_PROBE, allowed, denied], timeout=60)
+        assert result.ok, result
+        lines = result.stdout.splitlines()
+        assert lines[0] == f"{allowed} 200", lines
+        assert lines[1] == f"{denied} HTTPError 403", lines
+        assert lines[2] == "direct refused"
+        name = ws.name
+    api = client().api
+    assert not api.containers(all=True, filters={"name": f"hybrid-{name}-proxy"})
+    assert not api.networks(names=[f"hybrid-{name}-net"])
