@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import ipaddress
 import json
 import os
+import socket
 import sys
 from urllib.parse import urlsplit
 
 PORT = 3128
 _LIMIT = 64 * 1024
+_FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 def allowed(host: str, port: int, patterns: list[str]) -> bool:
@@ -28,6 +31,17 @@ def allowed(host: str, port: int, patterns: list[str]) -> bool:
         if fnmatch.fnmatchcase(host, name) and (not want or want == "*" or want == str(port)):
             return True
     return False
+
+
+async def _resolve(host: str, port: int) -> str | None:
+    """The address to connect to; None when the name points at this machine or the link (cloud
+    metadata at 169.254.169.254, loopback), which no pattern may reach."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0])
+        if ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast:
+            return None
+    return str(infos[0][4][0])
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -63,13 +77,20 @@ async def _handle(
         host, port = url.hostname or "", url.port or 80
     if not host or not allowed(host, port, allow):
         print(f"denied {method} {host}:{port}", file=sys.stderr, flush=True)
-        writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        writer.write(_FORBIDDEN)
         await writer.drain()
         writer.close()
         return
     try:
+        address = await _resolve(host, port)
+        if address is None:
+            print(f"denied {host}:{port}: loopback or link-local", file=sys.stderr, flush=True)
+            writer.write(_FORBIDDEN)
+            await writer.drain()
+            writer.close()
+            return
         upstream_reader, upstream_writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), 30
+            asyncio.open_connection(address, port), 30
         )
     except (OSError, TimeoutError):
         writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
