@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
@@ -51,9 +52,16 @@ def spec_from_options(
         if timeout is not None:
             budget["wall_seconds"] = timeout
         new_budget = Budget.model_validate(budget)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        option = _OPTION_FOR.get(str(error["loc"][0]), str(error["loc"][0]))
+        raise InvalidInput(f"{option}: {error['msg']}") from None
     except ValueError as exc:
-        raise InvalidInput(f"bad budget option: {str(exc).splitlines()[-1].strip()}") from None
+        raise InvalidInput(f"--memory: {exc}") from None
     return spec.model_copy(update={"budget": new_budget, **extra})
+
+
+_OPTION_FOR = {"fuel": "--fuel", "memory": "--memory", "wall_seconds": "--timeout"}
 
 
 def parse_dir(value: str) -> Mount:
@@ -70,8 +78,8 @@ def parse_dir(value: str) -> Mount:
         raise InvalidInput(f"--dir {value!r}: {host} is not a directory")
     try:
         return Mount(source=host.resolve(), target=guest, mode=mode)
-    except ValueError as exc:
-        raise InvalidInput(f"--dir {value!r}: {str(exc).splitlines()[-1].strip()}") from None
+    except ValidationError as exc:
+        raise InvalidInput(f"--dir {value!r}: {exc.errors()[0]['msg']}") from None
 
 
 def render_result(result: ExecutionResult) -> None:

@@ -61,6 +61,7 @@ def test_every_command_has_json() -> None:
 
 def test_public_api_matches_all() -> None:
     exported = {name for name in dir(hybrid) if not name.startswith("_")} - {
+        "annotations",
         "errors",
         "policy",
         "results",
@@ -108,6 +109,10 @@ def test_wasm_run_timeout_exit_code() -> None:
             "secret path",
         ),
         (["policy", "check", "/nonexistent.toml"], "no such policy file"),
+        (
+            ["wasm", "run", str(DATA / "hello.wat"), "--fuel", "0"],
+            "--fuel: Input should be greater than 0",
+        ),
     ],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(

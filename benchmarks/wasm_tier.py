@@ -1,6 +1,6 @@
 """Benchmark the built-in checks: warm in-process calls, first calls, whole `hybrid check` processes.
 
-    python wasm_modules/bench_checks.py [--runs 300] [--procs 15]
+    python benchmarks/wasm_tier.py [--runs 300] [--procs 15]
 
 Prints one table: per check the warm in-process p50/p95 (compiled module in memory), the time
 spent inside the guest, the first call in a fresh process (cold compile with an empty cache,
