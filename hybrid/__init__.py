@@ -1,5 +1,7 @@
 """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from hybrid.errors import (
     ContextError,
     EngineUnavailable,
@@ -17,23 +19,56 @@ from hybrid.errors import (
     WorkstationError,
     WorkstationNotFound,
 )
-from hybrid.policy import Budget, Environment, Mount, NetworkPolicy, SandboxSpec, admit, enforce
-from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
 
-# Heavier parts load on first use, so `import hybrid` (and a CLI command that needs none of them)
-# does not pay for wasmtime, tree-sitter or the Docker SDK.
+if _TYPE_CHECKING:
+    from hybrid.checks import (
+        CheckReport,
+        CsvReport,
+        GrepReport,
+        JsonReport,
+        RedactReport,
+        ScopeReport,
+        check_csv,
+        check_json,
+        grep,
+        redact,
+        scope,
+    )
+    from hybrid.policy import (
+        Budget,
+        Environment,
+        Mount,
+        NetworkPolicy,
+        SandboxSpec,
+        admit,
+        enforce,
+    )
+    from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
+
+# Everything but the errors loads on first use: `import hybrid.cli` stays cheap, and a command
+# pays only for what it touches (pydantic, wasmtime, tree-sitter, the Docker SDK).
 _LAZY = {
-    "check_csv": "hybrid.checks",
-    "check_json": "hybrid.checks",
-    "grep": "hybrid.checks",
-    "redact": "hybrid.checks",
-    "scope": "hybrid.checks",
-    "CheckReport": "hybrid.checks",
-    "CsvReport": "hybrid.checks",
-    "JsonReport": "hybrid.checks",
-    "GrepReport": "hybrid.checks",
-    "RedactReport": "hybrid.checks",
-    "ScopeReport": "hybrid.checks",
+    **dict.fromkeys(
+        ["Budget", "Environment", "Mount", "NetworkPolicy", "SandboxSpec", "admit", "enforce"],
+        "hybrid.policy",
+    ),
+    **dict.fromkeys(["ExecutionResult", "Termination", "TestOutcome", "Usage"], "hybrid.results"),
+    **dict.fromkeys(
+        [
+            "check_csv",
+            "check_json",
+            "grep",
+            "redact",
+            "scope",
+            "CheckReport",
+            "CsvReport",
+            "JsonReport",
+            "GrepReport",
+            "RedactReport",
+            "ScopeReport",
+        ],
+        "hybrid.checks",
+    ),
 }
 
 
