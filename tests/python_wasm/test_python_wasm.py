@@ -276,6 +276,15 @@ def test_recursion_bombs_stop_cleanly(code: str) -> None:
     assert run_python("print(1)").stdout == "1\n"
 
 
+def test_long_output_under_the_cap_arrives_whole() -> None:
+    # A single WASI write takes at most 64 KiB; the rest of a long print must not be lost.
+    code = "import sys\nprint('o' * 200_000)\nprint('e' * 100_000, file=sys.stderr)\nprint('end')"
+    result = run_python(code)
+    assert result.ok
+    assert result.stdout == "o" * 200_000 + "\nend\n"
+    assert result.stderr == "e" * 100_000 + "\n"
+
+
 def test_huge_print_is_truncated_and_flagged() -> None:
     result = run_python("print('x' * 10_000_000)", spec=spec(output_bytes="64K"))
     assert result.termination is Termination.OUTPUT_LIMIT

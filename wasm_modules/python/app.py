@@ -85,6 +85,20 @@ time.sleep = _sleep
 select.select = _select
 select.poll = _Poll
 
+# --- Output streams --------------------------------------------------------------------------
+# This CPython's sys.stdout wraps an unbuffered FileIO, and a WASI write takes at most 64 KiB:
+# the rest of a longer print was silently dropped. A BufferedWriter retries short writes (and
+# batches small ones into fewer host calls); the harness flushes both streams after each run.
+
+
+def _stream(fd, errors):
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors=errors)
+
+
+_STDOUT = sys.stdout = sys.__stdout__ = _stream(1, "strict")
+_STDERR = sys.stderr = sys.__stderr__ = _stream(2, "backslashreplace")
+
 # --- The bundled standard library ----------------------------------------------------------
 # Every standard library module this CPython build can import, with all submodules, except the
 # ones that make no sense without a terminal, a GUI, processes or a network. Importing them all
@@ -509,7 +523,7 @@ class _Run:
 
 def _flush():
     broken = False
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, _STDOUT, _STDERR):
         try:
             stream.flush()
         except BaseException:  # a closed pipe (output cap) must not lose the result
