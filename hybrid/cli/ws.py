@@ -157,8 +157,12 @@ def exec_(
 @click.option(
     "--shell", "program", default="/bin/bash", show_default=True, help="Program to start."
 )
-def shell(name: str, program: str) -> None:
-    """Attach a person to a running workstation (an interactive shell, same user and limits)."""
+@json_option
+def shell(name: str, program: str, as_json: bool) -> None:
+    """Attach a person to a running workstation (an interactive shell, same user and limits).
+
+    With --json, print the attach command instead of running it (for a terminal or tool to run).
+    """
     workstation = _backend().open(name)
     workstation._ensure_running()
     docker_cli = shutil.which("docker")
@@ -167,11 +171,14 @@ def shell(name: str, program: str) -> None:
             "the docker command-line client is needed for an interactive shell (apt-get install docker.io)"
         )
     # -t only with a terminal: piped input (a script, a test) still reaches the shell.
-    mode = "-it" if sys.stdin.isatty() else "-i"
+    mode = "-it" if sys.stdin.isatty() or as_json else "-i"
     argv = ["docker", "exec", mode, "-u", workstation.user, "-w", workstation.spec.workspace]
     for key, value in workstation._environment(None).items():
         argv += ["-e", f"{key}={value}"]
     argv += [workstation.id, program]
+    if as_json:
+        emit({"name": name, "container": workstation.id, "argv": argv}, True, lambda: None)
+        return
     sys.stdout.flush()
     os.execv(docker_cli, argv)
 

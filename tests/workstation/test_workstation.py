@@ -148,6 +148,10 @@ def test_shell_attaches_to_a_running_workstation(engine):
         )
         assert attached.returncode == 0, attached.stderr
         assert attached.stdout.splitlines() == ["state kept", "1000", "/workspace"]
+        described = _hybrid("ws", "shell", ws.name, "--json")
+        assert described.returncode == 0, described.stderr
+        argv = json.loads(described.stdout)["argv"]
+        assert argv[:3] == ["docker", "exec", "-it"] and ws.id in argv
 
 
 def _hybrid_input(stdin: str, *args: str) -> subprocess.CompletedProcess[str]:
