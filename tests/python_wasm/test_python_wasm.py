@@ -136,9 +136,11 @@ def test_syntax_error_is_reported_not_raised() -> None:
 
 
 def test_infinite_loop_stops_on_fuel() -> None:
-    result = run_python("while True:\n    pass", spec=spec(fuel=300_000_000, wall_seconds=30))
+    code = "print('started')\nwhile True:\n    pass"
+    result = run_python(code, spec=spec(fuel=300_000_000, wall_seconds=30))
     assert result.termination is Termination.OUT_OF_FUEL
     assert result.usage.fuel_used == 300_000_000
+    assert result.stdout == "started\n"  # what it printed before the trap is kept
 
 
 def test_infinite_loop_stops_on_the_deadline() -> None:

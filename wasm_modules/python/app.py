@@ -87,13 +87,16 @@ select.poll = _Poll
 
 # --- Output streams --------------------------------------------------------------------------
 # This CPython's sys.stdout wraps an unbuffered FileIO, and a WASI write takes at most 64 KiB:
-# the rest of a longer print was silently dropped. A BufferedWriter retries short writes (and
-# batches small ones into fewer host calls); the harness flushes both streams after each run.
+# the rest of a longer print was silently dropped. A BufferedWriter retries short writes.
+# Line buffering keeps what a run printed before it hit its fuel or deadline (a trap never
+# reaches the harness's final flush).
 
 
 def _stream(fd, errors):
     raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8", errors=errors)
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw), encoding="utf-8", errors=errors, line_buffering=True
+    )
 
 
 _STDOUT = sys.stdout = sys.__stdout__ = _stream(1, "strict")
