@@ -101,6 +101,30 @@ def test_assert_lines_and_test_functions_each_get_an_outcome() -> None:
     assert 'File "tests.py", line 1, in <module>' in result.traceback
 
 
+def test_unittest_cases_get_one_outcome_per_method() -> None:
+    tests = "\n".join(
+        [
+            "import unittest",
+            "class TestDouble(unittest.TestCase):",
+            "    def test_two(self):",
+            "        self.assertEqual(double(2), 4)",
+            "    def test_three(self):",
+            "        self.assertEqual(double(3), 7)",
+            "    @unittest.skip('later')",
+            "    def test_later(self):",
+            "        pass",
+        ]
+    )
+    result = run_python("def double(x):\n    return x * 2\n", tests)
+    outcomes = {t.name: t for t in result.tests}
+    assert outcomes["TestDouble.test_two"].passed
+    assert outcomes["TestDouble.test_later"].passed
+    assert outcomes["TestDouble.test_later"].message == "skipped: later"
+    assert not outcomes["TestDouble.test_three"].passed
+    assert outcomes["TestDouble.test_three"].message == "AssertionError: 6 != 7"
+    assert result.termination is Termination.NONZERO_EXIT
+
+
 def test_a_snippet_that_raises_skips_its_tests_and_reports_the_error() -> None:
     result = run_python("x = 1 / 0", "assert True")
     assert result.termination is Termination.NONZERO_EXIT

@@ -22,6 +22,7 @@ import select
 import sys
 import time
 import traceback
+import unittest
 
 import wit_world
 
@@ -291,6 +292,10 @@ def _is_test_function(node):
     return isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test")
 
 
+def _case_name(test):
+    return f"{type(test).__name__}.{test._testMethodName}"
+
+
 def _test_items(tree, source):
     source_lines = source.splitlines()
     for node in tree.body:
@@ -342,6 +347,7 @@ class _Tests:
         self.source = source
         self.filename = filename
         self.source_lines = source.splitlines()
+        self.classes = []
         self.names = []
         self.texts = []
         self.lines = []
@@ -356,6 +362,8 @@ class _Tests:
                 body.append(node)
                 functions.append(node.name)
             else:
+                if isinstance(node, ast.ClassDef):
+                    self.classes.append(node.name)
                 args = [_const(node.lineno, node), _name(_ERROR, node)]
                 handler = ast.ExceptHandler(
                     type=_name("BaseException", node),
@@ -417,6 +425,33 @@ class _Tests:
 
     def setup_failed(self, lineno, exc):
         self.run.record(f"{self.filename}:{lineno}", exc)
+
+    def run_case(self, cls):
+        """Run a unittest.TestCase class: one outcome per test method."""
+        run = self.run
+
+        class Result(unittest.TestResult):
+            def addSuccess(self, test):
+                run.record(_case_name(test), None)
+
+            def addError(self, test, err):
+                run.record(_case_name(test), err[1])
+
+            def addFailure(self, test, err):
+                run.record(_case_name(test), err[1])
+
+            def addSkip(self, test, reason):
+                run.outcomes.append(
+                    {"name": _case_name(test), "passed": True, "message": f"skipped: {reason}"}
+                )
+
+            def addExpectedFailure(self, test, err):
+                run.record(_case_name(test), None)
+
+            def addUnexpectedSuccess(self, test):
+                run.record(_case_name(test), AssertionError("unexpected success"))
+
+        unittest.defaultTestLoader.loadTestsFromTestCase(cls).run(Result())
 
     def call(self, name, func):
         try:
@@ -519,6 +554,10 @@ class _Run:
                 func = namespace.get(name)
                 if callable(func):
                     tests.call(name, func)
+            for name in tests.classes:
+                cls = namespace.get(name)
+                if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+                    tests.run_case(cls)
         finally:
             namespace.pop(_HOOK, None)
             namespace.pop(_ERROR, None)
