@@ -385,6 +385,12 @@ def test_policy_the_tier_cannot_honour_is_refused() -> None:
         run_python("pass", spec=spec(memory="8G"))
 
 
+def test_many_distinct_input_sets_each_read_their_own_files() -> None:
+    for n in range(20):  # more sets than stay staged: old ones are evicted, never a live one
+        result = run_python("print(open('n.txt').read())", files={"n.txt": f"set {n}"})
+        assert result.stdout == f"set {n}\n"
+
+
 def test_bad_input_files_are_refused() -> None:
     with pytest.raises(InvalidInput):
         run_python("pass", files={"../escape.txt": "x"})

@@ -114,7 +114,7 @@ def run_python(
     try:
         run_id = next(_counter)
         root = _scratch_root()
-        files_dir = _staged(files, root)
+        files_dir, outcome.staged_key = _staged(files, root)
         wasi = wasmtime.WasiConfig()
         wasi.argv = ["python", filename]
         wasi.env = sorted(spec.env.resolve().items())
@@ -223,6 +223,7 @@ class _Outcome:
         self.store: wasmtime.Store | None = None
         self.response: dict[str, Any] | None = None
         self.exit_status: int | None = None
+        self.staged_key: str | None = None
         self.expects_tests = False
         self.termination = Termination.OK
         self.detail = ""
@@ -281,6 +282,8 @@ class _Outcome:
         for pipe in self.pipes:
             pipe.finish()
             pipe.path.unlink(missing_ok=True)
+        _release(self.staged_key)
+        self.staged_key = None
 
     def abandon(self, budget: Budget, wall_ms: float) -> ExecutionResult:
         """The guest is still blocked in a host call past its deadline: report the timeout now.
@@ -380,18 +383,39 @@ def _bound(text: str | None) -> str | None:
 STAGED_SETS = 16
 """How many distinct sets of input files stay staged (an agent's loop reuses the same inputs)."""
 
+STAGED_BYTES = 256 * 1024**2
+"""...and at most this many bytes of them."""
+
 _staged_lock = threading.Lock()
-_staged_sets: OrderedDict[str, Path] = OrderedDict()
+_staged_sets: OrderedDict[str, _Staged] = OrderedDict()
 
 
-def _staged(files: InputFiles | None, root: Path) -> Path:
+class _Staged:
+    """One staged directory, its size and how many runs use it now (never evicted then)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+        self.users = 0
+
+
+def _release(key: str | None) -> None:
+    if key is None:
+        return
+    with _staged_lock:
+        entry = _staged_sets.get(key)
+        if entry is not None:
+            entry.users -= 1
+
+
+def _staged(files: InputFiles | None, root: Path) -> tuple[Path, str | None]:
     """A read-only directory holding exactly ``files``: the guest's working directory.
 
     Directories are keyed by the files' names and contents, so repeated runs with the same
     inputs reuse one (the guest cannot write to it), and the least recently used is removed.
     """
     if not files:
-        return root / "empty"
+        return root / "empty", None
     items = _read_inputs(files)
     digest = hashlib.sha256()
     for name, data in items:
@@ -399,10 +423,11 @@ def _staged(files: InputFiles | None, root: Path) -> Path:
         digest.update(data)
     key = digest.hexdigest()[:24]
     with _staged_lock:
-        path = _staged_sets.get(key)
-        if path is not None:
+        entry = _staged_sets.get(key)
+        if entry is not None:
             _staged_sets.move_to_end(key)
-            return path
+            entry.users += 1
+            return entry.path, key
         tmp = Path(tempfile.mkdtemp(prefix=".stage-", dir=root))
         for name, data in items:
             dest = tmp.joinpath(*PurePosixPath(name).parts)
@@ -410,13 +435,15 @@ def _staged(files: InputFiles | None, root: Path) -> Path:
             dest.write_bytes(data)
         path = root / f"inputs-{key}"
         os.replace(tmp, path)
-        _staged_sets[key] = path
-        while len(_staged_sets) > STAGED_SETS:
-            # A run still using an evicted directory keeps its open preopen handle (Linux
-            # semantics), so removing it under a running guest is safe.
-            _, old = _staged_sets.popitem(last=False)
-            shutil.rmtree(old, ignore_errors=True)
-        return path
+        entry = _staged_sets[key] = _Staged(path, sum(len(data) for _, data in items))
+        entry.users += 1
+        idle = [k for k, e in _staged_sets.items() if e.users == 0]  # oldest first
+        total = sum(e.size for e in _staged_sets.values())
+        while idle and (len(_staged_sets) > STAGED_SETS or total > STAGED_BYTES):
+            old = _staged_sets.pop(idle.pop(0))
+            total -= old.size
+            shutil.rmtree(old.path, ignore_errors=True)
+        return path, key
 
 
 def _read_inputs(files: InputFiles) -> list[tuple[str, bytes]]:
