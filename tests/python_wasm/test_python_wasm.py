@@ -181,8 +181,10 @@ def test_infinite_loop_stops_on_the_deadline() -> None:
         "import time\ntime.sleep(60)",
         "import select\nselect.select([], [], [], 60)",
         "import select\np = select.poll()\np.poll(60_000)",
+        "import select\np = select.poll()\np.poll(-1)",
+        "import time\nfrom decimal import Decimal\ntime.sleep(Decimal(60))",
     ],
-    ids=["time.sleep", "select.select", "select.poll"],
+    ids=["time.sleep", "select.select", "select.poll", "poll-forever", "sleep-decimal"],
 )
 def test_sleeping_cannot_outlive_the_deadline(code: str) -> None:
     start = time.monotonic()

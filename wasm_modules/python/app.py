@@ -47,15 +47,26 @@ def _cap(seconds):
     return seconds
 
 
+def _seconds(value):
+    """``value`` as a float when it is a usable positive timeout, else None (let CPython judge)."""
+    try:
+        number = float(value)  # Decimal, Fraction, numpy-like: anything the real call accepts
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
+
+
 def _sleep(seconds):
-    if isinstance(seconds, int | float) and seconds > 0:
-        seconds = _cap(seconds)
-    return _real_sleep(seconds)
+    number = _seconds(seconds)
+    return _real_sleep(seconds if number is None else _cap(number))
 
 
 def _select(rlist, wlist, xlist, timeout=None):
-    if timeout is None or (isinstance(timeout, int | float) and timeout > 0):
-        timeout = _cap(timeout)
+    if timeout is None:
+        timeout = _cap(None)
+    else:
+        number = _seconds(timeout)
+        timeout = timeout if number is None else _cap(number)
     return _real_select(rlist, wlist, xlist, timeout)
 
 
@@ -75,11 +86,18 @@ class _Poll:
         return self._poll.unregister(fd)
 
     def poll(self, timeout=None):
-        if timeout is None or (isinstance(timeout, int | float) and timeout < 0):
-            timeout = _cap(None) * 1000
-        elif isinstance(timeout, int | float):
-            timeout = _cap(timeout / 1000) * 1000
-        return self._poll.poll(math.ceil(timeout))
+        if timeout is None:
+            return self._poll.poll(math.ceil(_cap(None) * 1000))
+        number = _seconds(timeout)
+        if number is None:  # zero returns at once; a negative one means "forever"
+            try:
+                forever = float(timeout) < 0
+            except (TypeError, ValueError):
+                return self._poll.poll(timeout)  # let the real call raise
+            if not forever:
+                return self._poll.poll(timeout)
+            return self._poll.poll(math.ceil(_cap(None) * 1000))
+        return self._poll.poll(math.ceil(_cap(number / 1000) * 1000))
 
 
 time.sleep = _sleep
