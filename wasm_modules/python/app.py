@@ -530,6 +530,8 @@ class _Run:
         except SystemExit as exc:
             self.exit_code = _exit_status(exc.code)
             self._skip_tests(f"not run: the snippet exited with status {self.exit_code}")
+            if self.outcomes:
+                self.exit_code = self.exit_code or 1  # tests that never ran did not pass
             return
         except BaseException as exc:  # the snippet's own errors are the evidence
             self.fail(exc)
