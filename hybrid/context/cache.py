@@ -17,7 +17,7 @@ from typing import Any
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 7
+SCHEMA = 8
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 
@@ -36,13 +36,17 @@ class TagCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
+            # A cache: losing the last writes on power loss is fine, waiting for fsync is not.
+            self._db.execute("PRAGMA synchronous=OFF")
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS tags (key TEXT PRIMARY KEY, data BLOB) WITHOUT ROWID"
             )
             self._db.execute(
+                "CREATE TABLE IF NOT EXISTS slims (key TEXT PRIMARY KEY, data BLOB) WITHOUT ROWID"
+            )
+            self._db.execute(
                 "CREATE TABLE IF NOT EXISTS repo_graphs "
-                "(root TEXT PRIMARY KEY, fingerprint TEXT, data BLOB, files BLOB)"
+                "(root TEXT PRIMARY KEY, fingerprint TEXT, data BLOB)"
             )
         except sqlite3.Error as exc:
             raise ContextError(f"tag cache {self.path} is not usable: {exc}") from exc
@@ -52,17 +56,27 @@ class TagCache:
         """Cache key of one file: its content id, its language and the schema version."""
         return f"{content_id}:{lang}:{_VERSION}"
 
-    def get_many(self, keys: Iterable[str]) -> dict[str, Any]:
-        """Payloads for the keys that are cached (missing keys are simply absent)."""
+    def get_many(self, keys: Iterable[str], table: str = "tags") -> dict[str, Any]:
+        """Payloads (or, with ``table="slims"``, graph inputs) for the cached keys; missing
+        keys are simply absent."""
+        if table not in ("tags", "slims"):
+            raise ValueError(table)
         wanted = list(keys)
         found: dict[str, Any] = {}
         for start in range(0, len(wanted), _BATCH):
             chunk = wanted[start : start + _BATCH]
             marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(f"SELECT key, data FROM tags WHERE key IN ({marks})", chunk)
+            rows = self._db.execute(f"SELECT key, data FROM {table} WHERE key IN ({marks})", chunk)
             for key, data in rows:
                 found[key] = marshal.loads(data)
         return found
+
+    def put_slims(self, items: Iterable[tuple[str, Any]]) -> None:
+        """Store per-file graph inputs by content key (they never change for a key)."""
+        rows = [(key, marshal.dumps(value)) for key, value in items]
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT OR REPLACE INTO slims (key, data) VALUES (?, ?)", rows)
 
     def existing(self, keys: Iterable[str]) -> set[str]:
         """The subset of ``keys`` that is cached (without reading the payloads)."""
@@ -95,16 +109,11 @@ class TagCache:
         ).fetchone()
         return row is not None
 
-    def get_graph_files(self, root: str) -> dict[str, Any]:
-        """Per-file inputs of the last graph built for ``root`` (whatever its fingerprint)."""
-        row = self._db.execute("SELECT files FROM repo_graphs WHERE root = ?", (root,)).fetchone()
-        return marshal.loads(row[0]) if row and row[0] else {}
-
-    def put_graph(self, root: str, fingerprint: str, data: Any, files: Any) -> None:
-        """Remember the graph built for ``root`` and its per-file inputs (one per root)."""
+    def put_graph(self, root: str, fingerprint: str, data: Any) -> None:
+        """Remember the graph built for ``root`` (one per root, replaced on change)."""
         self._db.execute(
-            "INSERT OR REPLACE INTO repo_graphs (root, fingerprint, data, files) VALUES (?, ?, ?, ?)",
-            (root, fingerprint, marshal.dumps(data), marshal.dumps(files)),
+            "INSERT OR REPLACE INTO repo_graphs (root, fingerprint, data) VALUES (?, ?, ?)",
+            (root, fingerprint, marshal.dumps(data)),
         )
 
     def close(self) -> None:

@@ -88,6 +88,7 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
     dst = array("i")
     weight = array("d")
     resolver = Resolver(paths)
+    resolved_memo: dict[tuple[str, str, str], list[str]] = {}
     imports: list[list[int]] = []
     terms_of: list[dict[str, int]] = []
     path_terms_of: list[list[str]] = []
@@ -104,8 +105,13 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
                 weight.append(sqrt(count) * name_weight[name])
         # imports: file -> file
         targets: set[int] = set()
+        folder = p.rpartition("/")[0]
         for spec in specs:
-            for target in resolver.resolve(p, lang, spec):
+            memo_key = (folder, lang, spec)  # files of one folder resolve an import alike
+            resolved = resolved_memo.get(memo_key)
+            if resolved is None:
+                resolved = resolved_memo[memo_key] = resolver.resolve(p, lang, spec)
+            for target in resolved:
                 t = file_id[target]
                 if t != i:
                     targets.add(t)

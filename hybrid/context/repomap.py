@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import GraphData, Slim, build_graph, slim
+from hybrid.context.graph import GraphData, build_graph, slim
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
@@ -58,22 +58,18 @@ def load_graph(
     key = str(Path(root).resolve())
     graph = cache.get_graph(key, index.fingerprint)
     if graph is None:
-        # Rebuild from the previous graph's per-file inputs; read only what changed.
-        previous = cache.get_graph_files(key)
-        files: dict[str, tuple[str, Slim]] = {}
-        changed: list[str] = []
-        for f in index.files:
-            content_key = TagCache.key(f.content_id, f.lang)
-            old = previous.get(f.path)
-            if old is not None and old[0] == content_key:
-                files[f.path] = old
-            else:
-                changed.append(f.path)
-        for path, payload in index.payloads(changed).items():
-            f_key = index.key_of(path)
-            files[path] = (f_key, slim(payload))
-        graph = build_graph({p: v[1] for p, v in files.items()})
-        cache.put_graph(key, index.fingerprint, graph, files)
+        # Rebuild from per-file graph inputs stored by content key: only files never seen
+        # before need their (larger) payloads read.
+        keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
+        slims = cache.get_many(set(keys.values()), table="slims")
+        missing = [p for p, k in keys.items() if k not in slims]
+        fresh = {}
+        for path, payload in index.payloads(missing).items():
+            fresh[keys[path]] = slims[keys[path]] = slim(payload)
+        if fresh:
+            cache.put_slims(sorted(fresh.items()))
+        graph = build_graph({p: slims[k] for p, k in keys.items() if k in slims})
+        cache.put_graph(key, index.fingerprint, graph)
     graph["_index"] = index
     return graph
 
