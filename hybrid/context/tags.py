@@ -70,6 +70,14 @@ def _text(node: Node) -> str:
     return raw.decode("utf-8", "replace") if raw is not None else ""
 
 
+def _start(node: Node) -> int:
+    return node.start_byte
+
+
+def _by_name(item: tuple[bytes | None, int]) -> bytes:
+    return item[0] or b""
+
+
 def _definition_node(name_node: Node) -> Node:
     node = name_node.parent
     while node is not None and node.type in _CLIMB:
@@ -144,14 +152,15 @@ def extract(source: bytes, lang: str) -> Payload:
         elif capture.startswith("reference."):
             raw_refs.update([node.text for node in nodes])
         elif capture == "doc":
-            for node in nodes:
+            # captures() does not promise document order; the doc budget below needs it
+            for node in sorted(nodes, key=_start):
                 if doc_chars < _MAX_DOC_CHARS:
                     text = _text(node)[:1000]
                     docs.append(text)
                     doc_chars += len(text)
     defs.sort(key=lambda d: (d[2], d[0]))
     refs: dict[str, int] = {}
-    for raw, count in raw_refs.items():
+    for raw, count in sorted(raw_refs.items(), key=_by_name):  # fixed order for the graph
         if raw:
             name = raw.decode("utf-8", "replace")
             refs[name] = refs.get(name, 0) + count
