@@ -145,6 +145,10 @@ def test_deterministic_across_processes(tmp_path: Path) -> None:
         root / "hybrid",
         ignore=shutil.ignore_patterns("__pycache__", "*.wasm"),
     )
+    # more docstring text than a file's doc budget: which docstrings count must not vary
+    step = '    """' + "Parse the policy spec and run it. " * 8 + '"""\n\n'
+    docs = "".join(f"def policy_step_{i}():\n{step}" for i in range(60))
+    (root / "many_docs.py").write_text(docs)
     cold = _map_json(root, tmp_path / "c1", "1")
     warm = _map_json(root, tmp_path / "c1", "2")
     other = _map_json(root, tmp_path / "c2", "3")
