@@ -38,12 +38,12 @@ _component: Component | None = None
 
 
 def source_dir() -> Path:
-    """Where the guest sources live: ``$HYBRID_PY_GUEST_DIR``, else ``hybrid/wasm/python/guest``
-    when the package ships them (an installed wheel), else the checkout's ``wasm_modules/python``."""
+    """Where the guest sources live: ``$HYBRID_PY_GUEST_DIR`` if set, else the package's
+    ``guest_src`` (a symlink to ``wasm_modules/python`` in the checkout, a copy in a wheel)."""
     override = os.environ.get("HYBRID_PY_GUEST_DIR")
     if override:
         return Path(override)
-    packaged = Path(__file__).resolve().parent / "guest"
+    packaged = Path(__file__).resolve().parent / "guest_src"
     if (packaged / f"{APP}.py").is_file():
         return packaged
     return Path(__file__).resolve().parents[3] / "wasm_modules" / "python"
