@@ -164,12 +164,12 @@ def run_cmd(command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
     emit(
         {"route": chosen, "result": result},
         as_json,
-        lambda: _render(result, streamed),
+        lambda: render_result(result, streamed),
     )
-    raise click.exceptions.Exit(_exit_code(result))
+    raise click.exceptions.Exit(exit_code_for(result))
 
 
-def _render(result: ExecutionResult, streamed: bool) -> None:
+def render_result(result: ExecutionResult, streamed: bool) -> None:
     if not streamed:
         if result.stdout:
             click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
@@ -187,7 +187,7 @@ def _render(result: ExecutionResult, streamed: bool) -> None:
         click.echo(f"hybrid: {result.tier}: {result.termination.value}: {result.detail}", err=True)
 
 
-def _exit_code(result: ExecutionResult) -> int:
+def exit_code_for(result: ExecutionResult) -> int:
     if result.termination is Termination.OK:
         return 0 if result.ok else 1
     if result.termination is Termination.NONZERO_EXIT and result.exit_code:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,8 @@ from typing import Any
 import click
 
 from hybrid.cli._output import emit, json_option
-from hybrid.cli.tiers import _exit_code, _render, build_spec, spec_options
-from hybrid.errors import EngineUnavailable, InvalidInput
+from hybrid.cli.tiers import build_spec, exit_code_for, render_result, spec_options
+from hybrid.errors import InvalidInput
 
 
 def _backend() -> Any:
@@ -148,8 +147,8 @@ def exec_(
         workdir=workdir,
         on_output=None if as_json else live,
     )
-    emit(result, as_json, lambda: _render(result, streamed=True))
-    raise click.exceptions.Exit(_exit_code(result))
+    emit(result, as_json, lambda: render_result(result, streamed=True))
+    raise click.exceptions.Exit(exit_code_for(result))
 
 
 @ws.command("shell")
@@ -164,23 +163,13 @@ def shell(name: str, program: str, as_json: bool) -> None:
     With --json, print the attach command instead of running it (for a terminal or tool to run).
     """
     workstation = _backend().open(name)
-    workstation._ensure_running()
-    docker_cli = shutil.which("docker")
-    if docker_cli is None:
-        raise EngineUnavailable(
-            "the docker command-line client is needed for an interactive shell (apt-get install docker.io)"
-        )
     # -t only with a terminal: piped input (a script, a test) still reaches the shell.
-    mode = "-it" if sys.stdin.isatty() or as_json else "-i"
-    argv = ["docker", "exec", mode, "-u", workstation.user, "-w", workstation.spec.workspace]
-    for key, value in workstation._environment(None).items():
-        argv += ["-e", f"{key}={value}"]
-    argv += [workstation.id, program]
+    argv = workstation.attach_command(program, tty=sys.stdin.isatty() or as_json)
     if as_json:
         emit({"name": name, "container": workstation.id, "argv": argv}, True, lambda: None)
         return
     sys.stdout.flush()
-    os.execv(docker_cli, argv)
+    os.execv(argv[0], argv)
 
 
 @ws.command("cp")

@@ -100,6 +100,10 @@ class Workstation(Protocol):
 
     def info(self) -> WorkstationInfo: ...
 
+    def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> list[str]:
+        """The argv a person runs to get a shell inside (`hybrid ws shell` execs it)."""
+        ...
+
     def stop(self) -> None:
         """Stop every process; the files stay and the next exec starts it again."""
         ...

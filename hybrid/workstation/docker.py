@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import socket
 import subprocess
 import tarfile
@@ -583,6 +584,20 @@ class DockerWorkstation:
                 made.remove()
             raise
         return forks
+
+    def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> list[str]:
+        """The argv that attaches a person to this workstation (same user, env and limits)."""
+        docker_cli = shutil.which("docker")
+        if docker_cli is None:
+            raise EngineUnavailable(
+                "the docker command-line client is needed to attach (apt-get install docker.io)"
+            )
+        self._ensure_running()
+        argv = [docker_cli, "exec", "-it" if tty else "-i", "-u", self.user]
+        argv += ["-w", self.spec.workspace]
+        for key, value in self._environment(None).items():
+            argv += ["-e", f"{key}={value}"]
+        return [*argv, self.id, program]
 
     # -- lifecycle --------------------------------------------------------------------------
 
