@@ -6,6 +6,7 @@ import atexit
 import functools
 import math
 import threading
+import time
 from importlib.metadata import version
 
 import wasmtime
@@ -36,8 +37,14 @@ def engine() -> wasmtime.Engine:
 
 
 def _tick(eng: wasmtime.Engine) -> None:
-    while not _stop.wait(TICK_SECONDS):
-        eng.increment_epoch()
+    # Catch up on ticks a late wake-up missed (a loaded host or a busy GIL), so epochs track
+    # wall-clock time and a deadline does not stretch with the load.
+    next_at = time.monotonic() + TICK_SECONDS
+    while not _stop.wait(max(0.0, next_at - time.monotonic())):
+        now = time.monotonic()
+        while next_at <= now:
+            eng.increment_epoch()
+            next_at += TICK_SECONDS
 
 
 @atexit.register
