@@ -41,10 +41,20 @@ _real_poll = select.poll
 
 
 def _cap(seconds):
+    """(timeout to use, whether it was cut short by the run's deadline)."""
     left = _deadline - time.monotonic()
     if seconds is None or seconds > left:
-        return max(left, 0.0) + _DEADLINE_MARGIN
-    return seconds
+        return max(left, 0.0) + _DEADLINE_MARGIN, True
+    return seconds, False
+
+
+def _past_deadline():
+    """The run is over: wait in short host calls until the host's epoch deadline stops it.
+
+    Returning to the snippet instead would let it run on past its deadline whenever the
+    epoch ticker lags behind the wall clock (a loaded host)."""
+    while True:
+        _real_sleep(0.01)
 
 
 def _seconds(value):
@@ -58,16 +68,23 @@ def _seconds(value):
 
 def _sleep(seconds):
     number = _seconds(seconds)
-    return _real_sleep(seconds if number is None else _cap(number))
+    if number is None:
+        return _real_sleep(seconds)
+    timeout, capped = _cap(number)
+    _real_sleep(timeout)
+    if capped:
+        _past_deadline()
 
 
 def _select(rlist, wlist, xlist, timeout=None):
-    if timeout is None:
-        timeout = _cap(None)
-    else:
-        number = _seconds(timeout)
-        timeout = timeout if number is None else _cap(number)
-    return _real_select(rlist, wlist, xlist, timeout)
+    number = None if timeout is None else _seconds(timeout)
+    if timeout is not None and number is None:
+        return _real_select(rlist, wlist, xlist, timeout)
+    limit, capped = _cap(number)
+    ready = _real_select(rlist, wlist, xlist, limit)
+    if capped and not any(ready):
+        _past_deadline()
+    return ready
 
 
 class _Poll:
@@ -87,22 +104,25 @@ class _Poll:
 
     def poll(self, timeout=None):
         if timeout is None:
-            return self._poll.poll(math.ceil(_cap(None) * 1000))
-        number = _seconds(timeout)
-        if number is None:  # zero returns at once; a negative one means "forever"
+            number = None
+        else:
             try:
-                forever = float(timeout) < 0
+                value = float(timeout)
             except (TypeError, ValueError):
                 return self._poll.poll(timeout)  # let the real call raise
-            if not forever:
-                return self._poll.poll(timeout)
-            return self._poll.poll(math.ceil(_cap(None) * 1000))
-        return self._poll.poll(math.ceil(_cap(number / 1000) * 1000))
+            if value == 0:
+                return self._poll.poll(0)
+            number = None if value < 0 else value / 1000  # negative: wait forever
+        limit, capped = _cap(number)
+        events = self._poll.poll(math.ceil(limit * 1000))
+        if capped and not events:
+            _past_deadline()
+        return events
 
 
 time.sleep = _sleep
 select.select = _select
-select.poll = _Poll
+select.poll = _Poll  # type: ignore[misc,assignment]
 
 # --- Output streams --------------------------------------------------------------------------
 # This CPython's sys.stdout wraps an unbuffered FileIO, and a WASI write takes at most 64 KiB:
@@ -118,8 +138,8 @@ def _stream(fd, errors):
     )
 
 
-_STDOUT = sys.stdout = sys.__stdout__ = _stream(1, "strict")
-_STDERR = sys.stderr = sys.__stderr__ = _stream(2, "backslashreplace")
+_STDOUT = sys.stdout = sys.__stdout__ = _stream(1, "strict")  # type: ignore[misc]
+_STDERR = sys.stderr = sys.__stderr__ = _stream(2, "backslashreplace")  # type: ignore[misc]
 
 # --- The bundled standard library ----------------------------------------------------------
 # Every standard library module this CPython build can import, with all submodules, except the
@@ -286,7 +306,8 @@ def _mark(phase):
 
 
 _HOOK = "__hybrid_tests__"
-_assert_lines = set()  # (filename, line) of the top-level asserts of the current run
+# (filename, line) of the top-level asserts of the current run
+_assert_lines: set[tuple[str, int]] = set()
 _ERROR = "__hybrid_error__"
 
 
