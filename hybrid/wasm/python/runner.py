@@ -53,7 +53,7 @@ BACKSTOP_SECONDS = 0.5
 """Grace past the deadline before the caller stops waiting for a guest stuck in a host call."""
 
 MAX_INPUT_BYTES = 64 * 1024**2
-"""Input files are copied into a private directory per run; this caps their total size."""
+"""The most input-file bytes one run may bring (they are copied into a staged directory)."""
 
 InputFiles = Mapping[str, bytes | str | Path] | Sequence[str | Path]
 """Input files: a mapping of name -> content (bytes, text or a host Path), or host paths
