@@ -23,7 +23,7 @@ from hybrid.context.rank import Mode, rank
 from hybrid.context.repomap import load_graph, render_map
 from hybrid.context.resolve import is_test_path
 from hybrid.context.skeleton import skeleton_source
-from hybrid.context.text import count_tokens
+from hybrid.context.text import count_tokens, name_terms
 from hybrid.errors import ContextError
 
 PRIMARY_FILES = 3
@@ -95,17 +95,32 @@ def _symbol_bodies(
 
 
 def _skeleton_item(
-    root: Path, path: str, lang: str, kind: ItemKind, reason: str, budget: int
+    root: Path,
+    path: str,
+    lang: str,
+    kind: ItemKind,
+    reason: str,
+    budget: int,
+    truncate: bool = False,
 ) -> PackItem | None:
+    """A file's skeleton as a pack item, if it fits (or, with ``truncate``, its first lines)."""
     data = _read(root, path)
-    if data is None or lang.startswith("ctags:"):
+    if data is None or lang.startswith("ctags:") or budget < 16:
         return None
     try:
         text = f"# {path} (skeleton)\n" + skeleton_source(data, lang)
     except ContextError:
         return None
     cost = count_tokens(text)
-    if cost > budget:
+    if cost > budget and truncate:
+        lines = text.splitlines(keepends=True)
+        marker = "# ... (truncated)\n"
+        while lines and count_tokens("".join(lines) + marker) > budget:
+            lines = lines[: max(1, len(lines) * 3 // 4)] if len(lines) > 8 else lines[:-1]
+        text = "".join(lines) + marker
+        cost = count_tokens(text)
+        reason += "; skeleton truncated to fit"
+    if cost > budget or not text.strip():
         return None
     return PackItem(kind=kind, path=path, reason=reason, tokens=cost, text=text)
 
@@ -158,11 +173,14 @@ def context_pack(
             included.append(i)
             continue
         room = min(room, share)
-        wanted = {name: 1.0 + w for name, w in ranking.task.symbols.items()}
+        # mentioned symbols first, then names sharing words with the task, then graph rank
+        wanted = {name: 2.0 + w for name, w in ranking.task.symbols.items()}
+        task_terms = set(ranking.task.terms)
         for d in index.tags(path).definitions:
             j = sym_index.get(d.name)
             if j is not None and d.name not in wanted and not d.name.startswith("__"):
-                wanted[d.name] = float(ranking.symbol_score[j])
+                overlap = len(task_terms.intersection(name_terms(d.name)))
+                wanted[d.name] = 0.5 * overlap + float(ranking.symbol_score[j])
         body, names = _symbol_bodies(index, root_path, path, wanted, room)
         if body:
             cost = count_tokens(body)
@@ -211,24 +229,28 @@ def context_pack(
             chosen.add(paths[t])
 
     # 3. related tests: test files that import a primary file or are named after one
-    stems = {paths[i].rsplit("/", 1)[-1].rsplit(".", 1)[0]: paths[i] for i in primary}
-    test_reasons: dict[int, str] = {}
-    for i in primary:
+    stems = {
+        paths[i].rsplit("/", 1)[-1].rsplit(".", 1)[0]: (n, paths[i]) for n, i in enumerate(primary)
+    }
+    related: dict[int, tuple[int, int, str]] = {}  # test -> (primary rank, named?, reason)
+    for n, i in enumerate(primary):
         for s in reverse[i]:
-            if graph["tests"][s]:
-                test_reasons.setdefault(s, f"tests {paths[i]} (imports it)")
+            if graph["tests"][s] and s not in related:
+                related[s] = (n, 1, f"tests {paths[i]} (imports it)")
     for k, path in enumerate(paths):
         if graph["tests"][k] and is_test_path(path):
             name = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
-            for stem, src in stems.items():
+            for stem, (n, src) in stems.items():
                 if name in (f"test_{stem}", f"{stem}_test", f"{stem}.test", f"{stem}.spec"):
-                    test_reasons[k] = f"tests {src} (named after it)"
+                    related[k] = (n, 0, f"tests {src} (named after it)")
     test_budget = int(tokens * TEST_SHARE) + max(0, neighbour_budget - spent)
     spent = 0
-    named_first = sorted(test_reasons, key=lambda f: ("named" not in test_reasons[f], position[f]))
-    for t in named_first:
+    # tests of the best file first; for each, the one named after it before importers
+    for t in sorted(related, key=lambda f: (related[f][0], related[f][1], position[f])):
         room = min(test_budget - spent, tokens - map_reserve - used)
-        item = _skeleton_item(root_path, paths[t], langs[t], "test", test_reasons[t], room)
+        item = _skeleton_item(
+            root_path, paths[t], langs[t], "test", related[t][2], room, truncate=True
+        )
         if item:
             items.append(item)
             used += item.tokens
