@@ -324,7 +324,8 @@ class DockerWorkstation:
             if died:
                 self._running = False
                 state = api.inspect_container(self.id)["State"]
-                if state.get("OOMKilled"):
+                # Under load the OOMKilled flag can lag the kill; the engine's oom event does not.
+                if state.get("OOMKilled") or self._oom_since(start):
                     return (
                         Termination.OUT_OF_MEMORY,
                         None,
