@@ -44,6 +44,9 @@ if _TYPE_CHECKING:
         enforce,
     )
     from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
+    from hybrid.router import Job, Route, route, run
+    from hybrid.wasm.python import available_modules, run_python
+    from hybrid.workstation import GcReport, SnapshotInfo, Workstation, WorkstationInfo
 
 # Everything but the errors loads on first use: `import hybrid.cli` stays cheap, and a command
 # pays only for what it touches (pydantic, wasmtime, tree-sitter, the Docker SDK).
@@ -53,6 +56,11 @@ _LAZY = {
         "hybrid.policy",
     ),
     **dict.fromkeys(["ExecutionResult", "Termination", "TestOutcome", "Usage"], "hybrid.results"),
+    **dict.fromkeys(["Job", "Route", "route", "run"], "hybrid.router"),
+    **dict.fromkeys(["run_python", "available_modules"], "hybrid.wasm.python"),
+    **dict.fromkeys(
+        ["Workstation", "WorkstationInfo", "SnapshotInfo", "GcReport"], "hybrid.workstation"
+    ),
     **dict.fromkeys(
         [
             "check_csv",
@@ -97,11 +105,13 @@ __all__ = [
     "ExecTimeout",
     "ExecutionError",
     "ExecutionResult",
+    "GcReport",
     "GrepReport",
     "HybridError",
     "InvalidDiff",
     "InvalidInput",
     "InvalidPattern",
+    "Job",
     "JsonReport",
     "ModuleError",
     "Mount",
@@ -111,18 +121,26 @@ __all__ = [
     "PolicyError",
     "PolicyViolation",
     "RedactReport",
+    "Route",
     "SandboxSpec",
     "ScopeReport",
+    "SnapshotInfo",
     "Termination",
     "TestOutcome",
     "Usage",
+    "Workstation",
     "WorkstationError",
+    "WorkstationInfo",
     "WorkstationNotFound",
     "admit",
+    "available_modules",
     "check_csv",
     "check_json",
     "enforce",
     "grep",
     "redact",
+    "route",
+    "run",
+    "run_python",
     "scope",
 ]
