@@ -97,43 +97,14 @@ def test_pack_needs_task(shop_repo: Path) -> None:
 
 def _map_json(root: Path, cache: Path, seed: str) -> dict:  # type: ignore[type-arg]
     env = dict(os.environ, PYTHONHASHSEED=seed, HYBRID_CACHE_DIR=str(cache))
+    args = ["map", str(root), "--task", "parse the policy spec and run wasm", "--tokens", "1500"]
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybrid.cli",
-            "map",
-            str(root),
-            "--task",
-            "parse the policy spec and run wasm",
-            "--tokens",
-            "1500",
-            "--json",
-        ],
+        [sys.executable, "-c", "from hybrid.cli import main; main()", *args, "--json"],
         capture_output=True,
         text=True,
         env=env,
-        check=False,
+        check=True,
     )
-    if out.returncode != 0 and "No module named hybrid.cli.__main__" in out.stderr:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "from hybrid.cli import main; main()",
-                "map",
-                str(root),
-                "--task",
-                "parse the policy spec and run wasm",
-                "--tokens",
-                "1500",
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
     return json.loads(out.stdout)
 
 
