@@ -37,6 +37,8 @@ W_BM25 = 0.6
 W_GRAPH = 0.3
 W_PATH = 0.5
 TEST_FACTOR = 0.5
+STEM_WORD = 0.3  # a task word equal to a file's name
+STEM_LEAD = 0.6  # ... when it is the "area:" prefix of the task
 AUX_FACTOR = 0.5  # docs, examples, scripts: rarely where a fix goes
 W_HISTORY = 0.3  # files changed in recent commits
 GREP_WEIGHT = 1.0  # full-text hits of out-of-vocabulary task words, relative to BM25
@@ -115,11 +117,20 @@ def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) 
         for path in hits[:5]:
             i = paths.index(path)
             out.paths[i] = max(out.paths.get(i, 0.0), 1.0)
-    stems = {p.rsplit("/", 1)[-1].rsplit(".", 1)[0]: i for i, p in enumerate(paths)}
+    stems: dict[str, list[int]] = {}
+    for i, p in enumerate(paths):
+        stems.setdefault(p.rsplit("/", 1)[-1].rsplit(".", 1)[0].lower(), []).append(i)
+    # "printing: fix ..." names the area being changed
+    prefix = re.match(r"\s*([\w.-]+)\s*:", task)
+    lead = prefix.group(1).lower() if prefix else ""
     for word in IDENT_RE.findall(task):
         w = word.lower()
-        if len(w) >= 4 and w not in STOPWORDS and w in stems and stems[w] not in out.paths:
-            out.paths[stems[w]] = 0.3
+        files = stems.get(w, [])
+        if len(w) < 4 or w in STOPWORDS or not files or len(files) > 3:
+            continue
+        weight = (STEM_LEAD if w == lead else STEM_WORD) / len(files)
+        for i in files:
+            out.paths[i] = max(out.paths.get(i, 0.0), weight)
     return out
 
 
