@@ -25,7 +25,6 @@ one-time costs (first use in a new process).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -36,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPING = ROOT / "tests" / "python_wasm" / "shipping"
@@ -224,35 +222,21 @@ def throughput(threads: int, total: int) -> float:
     return per_thread * threads / elapsed
 
 
-def _process_worker(runs: int, start: Any, results: Any) -> None:
+def pool_throughput(processes: int, total: int) -> float:
+    """Isolated shipping runs per second through PythonPool with ``processes`` workers."""
+    from hybrid.wasm.python.pool import PythonPool
+
     source, tests, expected = SNIPPETS["shipping (2 asserts + csv)"]
-    run = wasm_runner(source, tests, expected)
-    run()  # load the component and warm up before the common start
-    start.wait()
-    begin = time.perf_counter()
-    for _ in range(runs):
-        run()
-    results.put((begin, time.perf_counter()))
-
-
-def process_throughput(processes: int, total: int) -> float:
-    """Isolated shipping runs per second with ``processes`` processes (one Engine each)."""
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(processes + 1)
-    results = ctx.Queue()
-    per_process = total // processes
-    workers = [
-        ctx.Process(target=_process_worker, args=(per_process, start, results))
-        for _ in range(processes)
-    ]
-    for w in workers:
-        w.start()
-    start.wait()
-    spans = [results.get(timeout=600) for _ in workers]
-    for w in workers:
-        w.join()
-    elapsed = max(end for _, end in spans) - min(begin for begin, _ in spans)
-    return per_process * processes / elapsed
+    job = {"source": source, "tests": tests, "files": [SHIPPING / "rate_card.csv"]}
+    with PythonPool(processes) as pool:
+        list(pool.map([job] * (8 * processes)))  # workers up, component loaded
+        start = time.perf_counter()
+        results = list(pool.map([job] * total))
+        elapsed = time.perf_counter() - start
+    bad = [r for r in results if not r.ok or r.stdout != expected]
+    if bad:
+        raise SystemExit(f"python-wasm pool: wrong result: {bad[0]}")
+    return total / elapsed
 
 
 def first_use_in_new_process() -> tuple[float, float]:
@@ -363,10 +347,10 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         print(f"| {threads} | {throughput(threads, args.throughput_runs):.0f} |")
     print()
-    print("| processes (one Engine each, 1 thread) | runs/s |")
+    print("| PythonPool worker processes (one Engine each) | runs/s |")
     print("|---:|---:|")
     for processes in (int(p) for p in args.processes.split(",")):
-        rate = process_throughput(processes, args.throughput_runs)
+        rate = pool_throughput(processes, args.throughput_runs)
         print(f"| {processes} | {rate:.0f} |")
 
     load, first = first_use_in_new_process()

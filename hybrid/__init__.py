@@ -45,7 +45,7 @@ if _TYPE_CHECKING:
     )
     from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
     from hybrid.router import Job, Route, route, run
-    from hybrid.wasm.python import available_modules, run_python
+    from hybrid.wasm.python import PythonPool, available_modules, run_python
     from hybrid.workstation import GcReport, SnapshotInfo, Workstation, WorkstationInfo
 
 # Everything but the errors loads on first use: `import hybrid.cli` stays cheap, and a command
@@ -57,7 +57,7 @@ _LAZY = {
     ),
     **dict.fromkeys(["ExecutionResult", "Termination", "TestOutcome", "Usage"], "hybrid.results"),
     **dict.fromkeys(["Job", "Route", "route", "run"], "hybrid.router"),
-    **dict.fromkeys(["run_python", "available_modules"], "hybrid.wasm.python"),
+    **dict.fromkeys(["run_python", "available_modules", "PythonPool"], "hybrid.wasm.python"),
     **dict.fromkeys(
         ["Workstation", "WorkstationInfo", "SnapshotInfo", "GcReport"], "hybrid.workstation"
     ),
@@ -120,6 +120,7 @@ __all__ = [
     "OutOfMemory",
     "PolicyError",
     "PolicyViolation",
+    "PythonPool",
     "RedactReport",
     "Route",
     "SandboxSpec",
