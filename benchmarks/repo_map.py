@@ -104,7 +104,7 @@ json.dump(out, open(sys.argv[3], "w"))  # not stdout: aider prints progress ther
 
 def localization(repo: Path, limit: int, aider_python: str | None) -> list[list[str]]:
     """Acc@1 / Acc@5 / MRR on the repo's bug-fix history: hybrid's modes and aider's ranking."""
-    from hybrid.context.evaluate import evaluate, mine_cases
+    from hybrid.context.evaluation import evaluate, mine_cases
 
     report = evaluate(repo, limit)
     rows = []

@@ -76,7 +76,7 @@ def map_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> None
 @json_option
 def skeleton_cmd(files: tuple[str, ...], as_json: bool) -> None:
     """Print FILES with bodies elided: imports, signatures, decorators, docstrings, constants."""
-    from hybrid.context.skeleton import skeleton
+    from hybrid.context.skeletons import skeleton
 
     result = [{"path": f, "skeleton": skeleton(f)} for f in files]
 
@@ -136,7 +136,7 @@ def pack_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> Non
 @json_option
 def eval_cmd(repo: str, limit: int, as_json: bool) -> None:
     """Localization on REPO's own bug-fix commits: Acc@1, Acc@5 and MRR per ranking mode."""
-    from hybrid.context.evaluate import evaluate
+    from hybrid.context.evaluation import evaluate
 
     with _progress(not as_json, "commits") as progress:
         report = evaluate(repo, limit, progress=progress)

@@ -19,10 +19,10 @@ from hybrid.context.graph import importers
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex
-from hybrid.context.rank import Mode, rank
+from hybrid.context.ranking import Mode, rank
 from hybrid.context.repomap import load_graph, render_map
 from hybrid.context.resolve import is_test_path
-from hybrid.context.skeleton import skeleton_source
+from hybrid.context.skeletons import skeleton_source
 from hybrid.context.text import count_tokens, name_terms
 from hybrid.errors import ContextError
 

@@ -13,7 +13,7 @@ from hybrid.context.graph import GraphData, build_graph, slim
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
-from hybrid.context.rank import Mode, Ranking, rank
+from hybrid.context.ranking import Mode, Ranking, rank
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
 

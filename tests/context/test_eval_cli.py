@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from hybrid.cli import cli
-from hybrid.context.evaluate import evaluate, mine_cases
+from hybrid.context.evaluation import evaluate, mine_cases
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 import hybrid
 from hybrid.context.pack import context_pack
-from hybrid.context.rank import rank
+from hybrid.context.ranking import rank
 from hybrid.context.repomap import load_graph, repo_map
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError

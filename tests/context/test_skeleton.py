@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import hybrid
-from hybrid.context.skeleton import skeleton, skeleton_source
+from hybrid.context.skeletons import skeleton, skeleton_source
 from hybrid.errors import InvalidInput
 
 PY = '''"""Module doc."""

@@ -167,7 +167,7 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalReport:
     """Mine ``limit`` bug-fix commits and score every ranking mode on them."""
-    from hybrid.context.rank import rank
+    from hybrid.context.ranking import rank
     from hybrid.context.repomap import load_graph
 
     repo_path = Path(repo).resolve()
