@@ -10,6 +10,8 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
+from hybrid.results import ExecutionResult, Termination
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 
 
@@ -36,3 +38,41 @@ def fail(message: str, code: int = 1) -> None:
     """Exit with ``code`` after one line on stderr (for a check that ran but failed)."""
     click.echo(message, err=True)
     raise click.exceptions.Exit(code)
+
+
+def render_result(result: ExecutionResult, streamed: bool = False) -> None:
+    """A run for a person: its output (unless already streamed), tests, traceback, how it ended."""
+    if not streamed:
+        if result.stdout:
+            click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
+        if result.stderr:
+            click.echo(result.stderr, nl=not result.stderr.endswith("\n"), err=True)
+    for test in result.tests:
+        mark = click.style("PASS", fg="green") if test.passed else click.style("FAIL", fg="red")
+        line = f"{mark} {test.name}"
+        if test.message:
+            line += "\n     " + test.message.replace("\n", "\n     ")
+        click.echo(line, err=True)
+    if result.traceback:
+        click.echo(result.traceback.rstrip("\n"), err=True)
+    for cut, name in ((result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")):
+        if cut:
+            click.echo(f"hybrid: {name} was cut at the output_bytes budget", err=True)
+    if result.tests or not result.ok:
+        usage = result.usage
+        fuel = f", fuel {usage.fuel_used:,}" if usage.fuel_used is not None else ""
+        passed = sum(t.passed for t in result.tests)
+        tests = f", {passed}/{len(result.tests)} tests passed" if result.tests else ""
+        status = "ok" if result.ok else f"{result.termination.value}: {result.detail}"
+        click.echo(
+            f"hybrid: {result.tier} {status} ({usage.wall_ms:.1f} ms{fuel}{tests})", err=True
+        )
+
+
+def exit_code_for(result: ExecutionResult) -> int:
+    """0 ok, 1 failed tests, the program's own status, 124 timed out, 125 stopped otherwise."""
+    if result.termination is Termination.OK:
+        return 0 if result.ok else 1
+    if result.termination is Termination.NONZERO_EXIT and result.exit_code:
+        return result.exit_code
+    return 124 if result.termination is Termination.TIMEOUT else 125

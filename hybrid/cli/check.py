@@ -13,10 +13,10 @@ from pathlib import Path
 import click
 
 from hybrid import checks
+from hybrid.cli._options import budget_options, spec_from_options
 from hybrid.cli._output import emit, json_option
-from hybrid.cli.wasm import budget_options, spec_from_options
 from hybrid.errors import InvalidInput
-from hybrid.policy import Budget
+from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import Termination
 
 
@@ -30,7 +30,8 @@ def _budget(
 ) -> Budget | None:
     if policy_file is None and fuel is None and memory is None and timeout is None:
         return None
-    return spec_from_options(policy_file, fuel, memory, timeout).budget
+    default = SandboxSpec(tier="wasm")
+    return spec_from_options(policy_file, default, fuel=fuel, memory=memory, timeout=timeout).budget
 
 
 def _data(path: str) -> checks.Data:
@@ -84,7 +85,7 @@ def _usage_line(report: checks.CheckReport) -> str:
 )
 @click.option("--delimiter", default=",", show_default=True, help="One character; 'tab' for tabs.")
 @click.option("--allow-empty", is_flag=True, help="Empty cells pass the type checks.")
-@budget_options
+@budget_options("fuel", "memory", "timeout")
 @json_option
 def csv_cmd(
     file: str,
@@ -132,7 +133,7 @@ def csv_cmd(
     help="A JSON schema (small subset) to validate against.",
 )
 @click.option("--max-errors", default=100, show_default=True, help="Failures to list.")
-@budget_options
+@budget_options("fuel", "memory", "timeout")
 @json_option
 def json_cmd(
     file: str,
@@ -185,7 +186,7 @@ def json_cmd(
     show_default=True,
     help="Stop after this many matching lines.",
 )
-@budget_options
+@budget_options("fuel", "memory", "timeout")
 @json_option
 def grep_cmd(
     pattern: str,
@@ -247,7 +248,7 @@ def grep_cmd(
 )
 @click.option("--no-entropy", is_flag=True, help="Do not scrub high-entropy tokens.")
 @click.option("--label", help="Source label put on the evidence marker.")
-@budget_options
+@budget_options("fuel", "memory", "timeout")
 @json_option
 def redact_cmd(
     file: str,
@@ -294,7 +295,7 @@ def redact_cmd(
     is_flag=True,
     help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).",
 )
-@budget_options
+@budget_options("fuel", "memory", "timeout")
 @json_option
 def scope_cmd(
     diff: str,

@@ -10,11 +10,10 @@ from typing import Any
 
 import click
 
-from hybrid.cli._output import emit, json_option
-from hybrid.cli.wasm import budget_options, exit_code_for
+from hybrid.cli._options import budget_options, spec_from_options
+from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
-from hybrid.policy import Budget, SandboxSpec, parse_size
-from hybrid.results import ExecutionResult
+from hybrid.policy import SandboxSpec
 
 
 @click.group()
@@ -23,9 +22,6 @@ def py() -> None:
 
 
 def _py_options(func: Any) -> Any:
-    func = click.option(
-        "--output-bytes", help="Bytes kept of each of stdout and stderr, e.g. 64K."
-    )(func)
     func = click.option(
         "--file",
         "files",
@@ -39,7 +35,7 @@ def _py_options(func: Any) -> Any:
         type=click.Path(path_type=Path),
         help="Tests: top-level assert lines and test_* functions, run in the snippet's namespace.",
     )(func)
-    return budget_options(func)
+    return budget_options("fuel", "memory", "timeout", "output_bytes")(func)
 
 
 def _spec(
@@ -51,21 +47,15 @@ def _spec(
 ) -> SandboxSpec:
     from hybrid.wasm.python import DEFAULT_SPEC
 
-    spec = SandboxSpec.from_toml(policy_file) if policy_file else DEFAULT_SPEC
-    budget = spec.budget.model_dump()
-    try:
-        if fuel is not None:
-            budget["fuel"] = fuel
-        if memory is not None:
-            budget["memory"] = parse_size(memory)
-        if timeout is not None:
-            budget["wall_seconds"] = timeout
-        if output_bytes is not None:
-            budget["output_bytes"] = parse_size(output_bytes)
-        new_budget = Budget.model_validate(budget)
-    except ValueError as exc:
-        raise InvalidInput(f"bad budget option: {str(exc).splitlines()[-1].strip()}") from None
-    return spec.model_copy(update={"budget": new_budget, "tier": "python-wasm"})
+    spec = spec_from_options(
+        policy_file,
+        DEFAULT_SPEC,
+        fuel=fuel,
+        memory=memory,
+        timeout=timeout,
+        output_bytes=output_bytes,
+    )
+    return spec.model_copy(update={"tier": "python-wasm"})
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -101,29 +91,6 @@ def _first_use_status() -> Iterator[None]:
     yield
 
 
-def _render(result: ExecutionResult) -> None:
-    if result.stdout:
-        click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
-    if result.stderr:
-        click.echo(result.stderr, nl=not result.stderr.endswith("\n"), err=True)
-    for test in result.tests:
-        mark = click.style("PASS", fg="green") if test.passed else click.style("FAIL", fg="red")
-        line = f"{mark} {test.name}"
-        if test.message:
-            line += f"\n     {test.message.replace(chr(10), chr(10) + '     ')}"
-        click.echo(line, err=True)
-    if result.traceback:
-        click.echo(result.traceback.rstrip("\n"), err=True)
-    if result.stdout_truncated or result.stderr_truncated:
-        click.echo("hybrid: output was truncated at the output_bytes budget", err=True)
-    usage = result.usage
-    fuel = f", fuel {usage.fuel_used:,}" if usage.fuel_used is not None else ""
-    passed = sum(t.passed for t in result.tests)
-    tests = f", {passed}/{len(result.tests)} tests passed" if result.tests else ""
-    status = "ok" if result.ok else f"{result.termination.value}: {result.detail}"
-    click.echo(f"hybrid: python-wasm {status} ({usage.wall_ms:.1f} ms{fuel}{tests})", err=True)
-
-
 def _run_and_report(
     source: str,
     tests: str | None,
@@ -144,7 +111,7 @@ def _run_and_report(
             filename=filename,
             tests_filename=tests_filename,
         )
-    emit(result, as_json, lambda: _render(result))
+    emit(result, as_json, lambda: render_result(result))
     code = exit_code_for(result)
     if code:
         raise click.exceptions.Exit(code)

@@ -8,63 +8,31 @@ from typing import Any
 
 import click
 
-from hybrid.cli._output import emit, json_option
+from hybrid.cli._options import budget_options, spec_from_options
+from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
-from hybrid.policy import Budget, NetworkPolicy, SandboxSpec, parse_size
-from hybrid.results import ExecutionResult, Termination
+from hybrid.policy import SandboxSpec
 
 
-def spec_options(func: Any) -> Any:
-    """--policy/--timeout/--memory/--pids/--cpus, shared by every command that makes a sandbox."""
-    for option in reversed(
-        [
-            click.option(
-                "--policy",
-                "policy_file",
-                type=click.Path(path_type=Path),
-                help="SandboxSpec TOML to start from.",
-            ),
-            click.option("--timeout", type=float, help="Wall-clock deadline in seconds."),
-            click.option("--memory", help="Memory cap, e.g. 512M."),
-            click.option("--pids", type=int, help="Maximum processes."),
-            click.option("--cpus", type=float, help="CPU share in cores."),
-            click.option(
-                "--allow",
-                multiple=True,
-                help="Egress to HOST[:PORT] through the allow-list proxy (repeatable; docker tier).",
-            ),
-        ]
-    ):
-        func = option(func)
-    return func
+def container_spec(opts: dict[str, Any], tier: str = "auto") -> SandboxSpec:
+    """The spec for a sandbox from --policy and the budget options (see sandbox_options)."""
+    default = SandboxSpec(tier=tier)
+    spec = spec_from_options(
+        opts["policy_file"],
+        default,
+        opts["allow"],
+        timeout=opts["timeout"],
+        memory=opts["memory"],
+        pids=opts["pids"],
+        cpus=opts["cpus"],
+    )
+    return (
+        spec if tier == "auto" and opts["policy_file"] else spec.model_copy(update={"tier": tier})
+    )
 
 
-def build_spec(
-    policy_file: Path | None,
-    timeout: float | None,
-    memory: str | None,
-    pids: int | None,
-    cpus: float | None,
-    tier: str = "auto",
-    allow: tuple[str, ...] = (),
-) -> SandboxSpec:
-    """A SandboxSpec from a policy file (or defaults) with command-line overrides applied."""
-    spec = SandboxSpec.from_toml(policy_file) if policy_file else SandboxSpec()
-    budget = spec.budget.model_dump()
-    overrides = {"wall_seconds": timeout, "pids": pids, "cpus": cpus}
-    try:
-        budget.update({k: v for k, v in overrides.items() if v is not None})
-        if memory is not None:
-            budget["memory"] = parse_size(memory)
-        new_budget = Budget.model_validate(budget)
-    except ValueError as exc:
-        raise InvalidInput(f"bad budget option: {str(exc).splitlines()[-1].strip()}") from None
-    update: dict[str, Any] = {"budget": new_budget}
-    if allow:
-        update["network"] = NetworkPolicy(mode="egress", allow=[*spec.network.allow, *allow])
-    if tier != "auto" or policy_file is None:
-        update["tier"] = tier
-    return spec.model_copy(update=update)
+sandbox_options = budget_options("timeout", "memory", "pids", "cpus", "allow")
+"""--policy, the process-tier budget options and --allow."""
 
 
 def job_options(func: Any) -> Any:
@@ -107,20 +75,13 @@ def job_options(func: Any) -> Any:
         ]
     ):
         func = option(func)
-    return spec_options(func)
+    return sandbox_options(func)
 
 
 def _job(command: tuple[str, ...], opts: dict[str, Any]) -> tuple[Any, Any]:
     from hybrid.router import Job
 
-    spec = build_spec(
-        opts["policy_file"],
-        opts["timeout"],
-        opts["memory"],
-        opts["pids"],
-        opts["cpus"],
-        allow=opts["allow"],
-    )
+    spec = container_spec(opts)
     if not command and not opts["python_src"]:
         raise InvalidInput("give a command after -- (or --python CODE)")
     job = Job(
@@ -167,32 +128,6 @@ def run_cmd(command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
         lambda: render_result(result, streamed),
     )
     raise click.exceptions.Exit(exit_code_for(result))
-
-
-def render_result(result: ExecutionResult, streamed: bool) -> None:
-    if not streamed:
-        if result.stdout:
-            click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
-        if result.stderr:
-            click.echo(result.stderr, nl=not result.stderr.endswith("\n"), err=True)
-    if result.traceback:
-        click.echo(result.traceback, nl=not result.traceback.endswith("\n"), err=True)
-    for test in result.tests:
-        if not test.passed:
-            click.echo(f"FAILED {test.name}: {test.message}", err=True)
-    for flag, name in ((result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")):
-        if flag:
-            click.echo(f"hybrid: {name} was cut at the output budget", err=True)
-    if result.termination not in (Termination.OK, Termination.NONZERO_EXIT):
-        click.echo(f"hybrid: {result.tier}: {result.termination.value}: {result.detail}", err=True)
-
-
-def exit_code_for(result: ExecutionResult) -> int:
-    if result.termination is Termination.OK:
-        return 0 if result.ok else 1
-    if result.termination is Termination.NONZERO_EXIT and result.exit_code:
-        return result.exit_code
-    return 4  # ExecutionError's code: killed, timed out, out of memory
 
 
 @click.command("route", context_settings={"ignore_unknown_options": True})

@@ -3,65 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 from pydantic import ValidationError
 
-from hybrid.cli._output import emit, json_option
+from hybrid.cli._options import budget_options, spec_from_options
+from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
-from hybrid.policy import Budget, Mount, SandboxSpec, parse_size
-from hybrid.results import ExecutionResult
+from hybrid.policy import Mount, SandboxSpec
 
 
 @click.group()
 def wasm() -> None:
     """Run WASI modules in the embedded WebAssembly tier."""
-
-
-def budget_options(func: Any) -> Any:
-    """--fuel/--memory/--timeout/--policy, shared by every command that runs a guest."""
-    func = click.option(
-        "--policy",
-        "policy_file",
-        type=click.Path(path_type=Path),
-        help="SandboxSpec TOML to start from.",
-    )(func)
-    func = click.option("--timeout", type=float, help="Wall-clock deadline in seconds.")(func)
-    func = click.option("--memory", help="Memory cap, e.g. 128M.")(func)
-    func = click.option("--fuel", type=int, help="Fuel budget (roughly instructions).")(func)
-    return func
-
-
-def spec_from_options(
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    tier: str = "wasm",
-    **extra: object,
-) -> SandboxSpec:
-    """A SandboxSpec from a policy file (or the defaults) with command-line overrides applied."""
-    spec = SandboxSpec.from_toml(policy_file) if policy_file else SandboxSpec(tier=tier)
-    budget = spec.budget.model_dump()
-    try:
-        if fuel is not None:
-            budget["fuel"] = fuel
-        if memory is not None:
-            budget["memory"] = parse_size(memory)
-        if timeout is not None:
-            budget["wall_seconds"] = timeout
-        new_budget = Budget.model_validate(budget)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        option = _OPTION_FOR.get(str(error["loc"][0]), str(error["loc"][0]))
-        raise InvalidInput(f"{option}: {error['msg']}") from None
-    except ValueError as exc:
-        raise InvalidInput(f"--memory: {exc}") from None
-    return spec.model_copy(update={"budget": new_budget, **extra})
-
-
-_OPTION_FOR = {"fuel": "--fuel", "memory": "--memory", "wall_seconds": "--timeout"}
 
 
 def parse_dir(value: str) -> Mount:
@@ -82,29 +36,10 @@ def parse_dir(value: str) -> Mount:
         raise InvalidInput(f"--dir {value!r}: {exc.errors()[0]['msg']}") from None
 
 
-def render_result(result: ExecutionResult) -> None:
-    """Guest output to our stdout/stderr, then one status line on stderr when it did not end ok."""
-    if result.stdout:
-        click.echo(result.stdout, nl=not result.stdout.endswith("\n"))
-    if result.stderr:
-        click.echo(result.stderr, nl=not result.stderr.endswith("\n"), err=True)
-    if result.stdout_truncated or result.stderr_truncated:
-        click.echo("hybrid: output was truncated at the output_bytes budget", err=True)
-    if result.termination.value != "ok":
-        click.echo(f"hybrid: {result.termination.value}: {result.detail}", err=True)
-
-
-def exit_code_for(result: ExecutionResult) -> int:
-    """The guest's own exit status when it exited, else 124 for a timeout and 125 for other stops."""
-    if result.exit_code is not None and result.termination.value in ("ok", "nonzero_exit"):
-        return result.exit_code
-    return 124 if result.termination.value == "timeout" else 125
-
-
 @wasm.command("run", context_settings={"ignore_unknown_options": True})
 @click.argument("module", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@budget_options
+@budget_options("fuel", "memory", "timeout")
 @click.option(
     "--dir",
     "dirs",
@@ -138,7 +73,9 @@ def run_cmd(
     """Run MODULE (.wasm or .wat) as a WASI command: hybrid wasm run MOD.wasm [OPTIONS] -- ARGS."""
     from hybrid.wasm import run
 
-    spec = spec_from_options(policy_file, fuel, memory, timeout)
+    spec = spec_from_options(
+        policy_file, SandboxSpec(tier="wasm"), fuel=fuel, memory=memory, timeout=timeout
+    )
     mounts = [*spec.mounts, *(parse_dir(d) for d in dirs)]
     env = spec.env.model_copy(deep=True)
     for pair in env_pairs:

@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from hybrid.cli._output import emit, json_option
-from hybrid.cli.tiers import build_spec, exit_code_for, render_result, spec_options
+from hybrid.cli._output import emit, exit_code_for, json_option, render_result
+from hybrid.cli.tiers import container_spec, sandbox_options
 from hybrid.errors import InvalidInput
 
 
@@ -38,7 +38,7 @@ def ws() -> None:
     "--from", "snapshot", help="Snapshot to start from (its files and installed packages)."
 )
 @click.option("--gvisor", is_flag=True, help="Run under gVisor (runsc) instead of runc.")
-@spec_options
+@sandbox_options
 @json_option
 def up(
     name: str | None,
@@ -51,15 +51,7 @@ def up(
 ) -> None:
     """Start a workstation (it stays until `ws down`)."""
     tier = "gvisor" if gvisor else "docker"
-    spec = build_spec(
-        opts["policy_file"],
-        opts["timeout"],
-        opts["memory"],
-        opts["pids"],
-        opts["cpus"],
-        tier,
-        opts["allow"],
-    )
+    spec = container_spec(opts, tier)
     backend = _backend()
     text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
     with _status(as_json, text):

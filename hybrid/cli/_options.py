@@ -1,0 +1,66 @@
+"""Budget options shared by every command that runs something, and the spec they build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from hybrid.errors import InvalidInput
+from hybrid.policy import Budget, NetworkPolicy, SandboxSpec
+
+_OPTIONS = {
+    "timeout": click.option("--timeout", type=float, help="Wall-clock deadline in seconds."),
+    "memory": click.option("--memory", help="Memory cap, e.g. 256M."),
+    "fuel": click.option("--fuel", type=int, help="WebAssembly fuel (roughly instructions)."),
+    "pids": click.option("--pids", type=int, help="Maximum processes."),
+    "cpus": click.option("--cpus", type=float, help="CPU share in cores."),
+    "output_bytes": click.option("--output-bytes", help="Bytes kept of stdout and of stderr."),
+    "allow": click.option(
+        "--allow",
+        multiple=True,
+        metavar="HOST[:PORT]",
+        help="Egress to HOST through the allow-list proxy (repeatable; docker tier).",
+    ),
+}
+# Budget fields whose option has another name.
+_FIELD_FOR = {"timeout": "wall_seconds"}
+_OPTION_FOR = {field: f"--{name}" for name, field in _FIELD_FOR.items()}
+
+
+def budget_options(*names: str) -> Callable[[Any], Any]:
+    """Decorator adding --policy and the named budget options (timeout, memory, fuel, ...)."""
+
+    def decorate(func: Any) -> Any:
+        for name in reversed(names):
+            func = _OPTIONS[name](func)
+        return click.option(
+            "--policy",
+            "policy_file",
+            type=click.Path(path_type=Path),
+            help="SandboxSpec TOML to start from.",
+        )(func)
+
+    return decorate
+
+
+def spec_from_options(
+    policy_file: Path | None, default: SandboxSpec, allow: tuple[str, ...] = (), **values: Any
+) -> SandboxSpec:
+    """The policy file's spec (or ``default``) with the budget options that were given applied."""
+    spec = SandboxSpec.from_toml(policy_file) if policy_file else default
+    overrides = {_FIELD_FOR.get(k, k): v for k, v in values.items() if v is not None}
+    try:
+        budget = Budget.model_validate(spec.budget.model_dump() | overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0])
+        option = _OPTION_FOR.get(field, "--" + field.replace("_", "-"))
+        raise InvalidInput(f"{option}: {error['msg'].removeprefix('Value error, ')}") from None
+    update: dict[str, Any] = {"budget": budget}
+    if allow:
+        update["network"] = NetworkPolicy(mode="egress", allow=[*spec.network.allow, *allow])
+    return spec.model_copy(update=update)
