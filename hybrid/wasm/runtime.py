@@ -182,9 +182,9 @@ def run(
             if exit_code != 0:
                 termination, detail = Termination.NONZERO_EXIT, f"exit status {exit_code}"
         except wasmtime.Trap as exc:
-            termination, detail = _classify_trap(exc)
+            termination, detail = classify_trap(exc)
         except wasmtime.WasmtimeError as exc:
-            termination, detail = _classify_error(exc)
+            termination, detail = classify_error(exc)
         except poll.DeadlineReached:
             pass  # classified just below
         finally:
@@ -236,7 +236,8 @@ def run(
         _release_scratch(scratch)
 
 
-def _classify_trap(exc: wasmtime.Trap) -> tuple[Termination, str]:
+def classify_trap(exc: wasmtime.Trap) -> tuple[Termination, str]:
+    """Map a wasmtime Trap to a termination and one line of detail (shared by the wasm tiers)."""
     code = exc.trap_code
     if code == wasmtime.TrapCode.OUT_OF_FUEL:
         return Termination.OUT_OF_FUEL, "fuel budget used up"
@@ -245,7 +246,8 @@ def _classify_trap(exc: wasmtime.Trap) -> tuple[Termination, str]:
     return Termination.TRAP, _first_line(exc.message)
 
 
-def _classify_error(exc: wasmtime.WasmtimeError) -> tuple[Termination, str]:
+def classify_error(exc: wasmtime.WasmtimeError) -> tuple[Termination, str]:
+    """Map a WasmtimeError (components report traps as these, without a trap code) likewise."""
     text = str(exc)
     if "all fuel consumed" in text:
         return Termination.OUT_OF_FUEL, "fuel budget used up"

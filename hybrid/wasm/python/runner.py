@@ -34,7 +34,7 @@ from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
 from hybrid.wasm import engine as _engine
 from hybrid.wasm.pipes import OutputPipe
 from hybrid.wasm.python import guest
-from hybrid.wasm.runtime import _classify_error, _classify_trap
+from hybrid.wasm.runtime import classify_error, classify_trap
 
 TIER = "python-wasm"
 
@@ -254,7 +254,7 @@ class _Outcome:
                 raise wasmtime.WasmtimeError("the python-wasm guest exports no run function")
             self.response = json.loads(func(store, request))
         except wasmtime.Trap as exc:
-            self.termination, self.detail = _classify_trap(exc)
+            self.termination, self.detail = classify_trap(exc)
         except wasmtime.WasmtimeError as exc:
             exited = _EXITED.search(str(exc))
             if exited:  # os._exit(): WASI's exit carries only success or failure
@@ -359,7 +359,7 @@ class _Outcome:
 
 def _classify_component_error(exc: wasmtime.WasmtimeError) -> tuple[Termination, str]:
     """A component call reports traps as WasmtimeError text (no trap code): read the cause."""
-    termination, detail = _classify_error(exc)
+    termination, detail = classify_error(exc)
     if termination not in (Termination.TRAP, Termination.ERROR):
         return termination, detail
     text = str(exc)
