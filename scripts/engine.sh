@@ -39,12 +39,20 @@ JSON
 mv "$CONFIG.new" "$CONFIG"
 
 engine_up() { timeout 10 docker info >/dev/null 2>&1; }
+# A dockerd that was killed can linger as a zombie until its parent reaps it: not alive.
+dockerd_alive() {
+    local pid
+    for pid in $(pgrep -x dockerd); do
+        case "$(ps -o stat= -p "$pid" 2>/dev/null)" in Z*|"") ;; *) return 0 ;; esac
+    done
+    return 1
+}
 
 if ! engine_up; then
-    if [ -S /var/run/docker.sock ] && ! pgrep -x dockerd >/dev/null 2>&1; then
+    if [ -S /var/run/docker.sock ] && ! dockerd_alive; then
         rm -f /var/run/docker.sock /var/run/docker.pid  # left by a dockerd that died
     fi
-    if ! pgrep -x dockerd >/dev/null 2>&1; then
+    if ! dockerd_alive; then
         log "starting dockerd (log: $LOG)"
         setsid nohup dockerd --config-file "$CONFIG" >>"$LOG" 2>&1 < /dev/null &
     fi
