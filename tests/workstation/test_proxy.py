@@ -8,14 +8,14 @@ from hybrid.workstation.proxy import _resolve, allowed
 
 
 def test_allow_list_patterns_and_ports():
-    patterns = ["deb.debian.org:80", "*.pythonhosted.org", "pypi.org:*"]
-    assert allowed("deb.debian.org", 80, patterns)
-    assert allowed("DEB.debian.org.", 80, patterns)
-    assert not allowed("deb.debian.org", 443, patterns)
-    assert allowed("files.pythonhosted.org", 443, patterns)
-    assert allowed("pypi.org", 8443, patterns)
+    patterns = ["mirror.example.org:80", "*.files.example.net", "index.example.com:*"]
+    assert allowed("mirror.example.org", 80, patterns)
+    assert allowed("MIRROR.example.org.", 80, patterns)
+    assert not allowed("mirror.example.org", 443, patterns)
+    assert allowed("cdn.files.example.net", 443, patterns)
+    assert allowed("index.example.com", 8443, patterns)
     assert not allowed("evil.org", 80, patterns)
-    assert not allowed("deb.debian.org.evil.org", 80, patterns)
+    assert not allowed("mirror.example.org.evil.org", 80, patterns)
 
 
 def test_loopback_and_link_local_are_never_reached():

@@ -69,10 +69,10 @@ def test_unavailable_tiers_are_explained():
 
 
 def test_network_jobs_need_an_allow_list_and_runc():
-    egress = SandboxSpec(network=NetworkPolicy(mode="egress", allow=["pypi.org:443"]))
+    egress = SandboxSpec(network=NetworkPolicy(mode="egress", allow=["index.example.com:443"]))
     chosen = route(Job(command=["pip", "download", "six"], spec=egress), available=EVERYTHING)
     assert chosen.tier == "docker"
-    assert "egress to pypi.org:443" in " ".join(chosen.reasons)
+    assert "egress to index.example.com:443" in " ".join(chosen.reasons)
     assert "network" in chosen.rejected["python-wasm"] or "network" in chosen.rejected["wasm"]
     with pytest.raises(PolicyViolation) as refused:
         route(Job(command=["./x"], spec=egress, untrusted=True), available=EVERYTHING)
