@@ -32,6 +32,7 @@ from hybrid.errors import (
     OutOfFuel,
     OutOfMemory,
 )
+from hybrid.paths import read_input
 from hybrid.policy import Budget, Mount, SandboxSpec
 from hybrid.results import Termination, Usage
 from hybrid.wasm import builtins
@@ -279,12 +280,8 @@ def check_json(
 
 def _load_schema(path: Path) -> dict[str, Any]:
     try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such schema file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{path}: cannot read schema: {exc}") from None
-    except ValueError as exc:
+        loaded = json.loads(read_input(path, "schema file"))
+    except ValueError as exc:  # also UnicodeDecodeError
         raise InvalidInput(f"{path}: schema is not valid JSON: {exc}") from None
     if not isinstance(loaded, dict):
         raise InvalidInput(f"{path}: a schema must be a JSON object")

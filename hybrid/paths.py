@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hybrid.errors import InvalidInput
+
 
 def cache_dir(*parts: str) -> Path:
     """The cache directory (``$HYBRID_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybrid``), created on demand."""
@@ -17,3 +19,15 @@ def cache_dir(*parts: str) -> Path:
     path = base.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def read_input(path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput) -> bytes:
+    """Read a file the user named; a missing, directory or unreadable path raises one ``error`` line."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: no such {what}") from None
+    except IsADirectoryError:
+        raise error(f"{path}: is a directory, not a {what}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror}") from None

@@ -19,6 +19,7 @@ import tomli_w
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from hybrid.errors import PolicyError, PolicyViolation
+from hybrid.paths import read_input
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
@@ -136,12 +137,11 @@ class SandboxSpec(_Strict):
     def from_toml(cls, path: str | Path) -> SandboxSpec:
         """Load a spec from a TOML file; any problem raises PolicyError with the field at fault."""
         path = Path(path)
+        raw = read_input(path, "policy file", PolicyError)
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise PolicyError(f"{path}: no such policy file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"{path}: cannot read: {exc}") from None
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise PolicyError(f"{path}: not UTF-8 text") from None
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"{path}: not valid TOML: {exc}") from None
         return cls.from_dict(data, source=str(path))

@@ -91,27 +91,25 @@ def _first_use_status() -> Iterator[None]:
     yield
 
 
-def _run_and_report(
-    source: str,
-    tests: str | None,
-    files: tuple[Path, ...],
-    spec: SandboxSpec,
-    filename: str,
-    tests_filename: str,
-    as_json: bool,
-) -> None:
+def _run_and_report(source: str, filename: str, opts: dict[str, Any]) -> None:
+    """Run ``source`` with the command's --test, --file and budget options; print and exit."""
     from hybrid.wasm.python import run_python
 
+    test_file: Path | None = opts["test_file"]
+    tests = _read_text(test_file, "--test") if test_file is not None else None
+    spec = _spec(
+        opts["policy_file"], opts["fuel"], opts["memory"], opts["timeout"], opts["output_bytes"]
+    )
     with _first_use_status():
         result = run_python(
             source,
             tests,
-            files=list(files),
+            files=list(opts["files"]),
             spec=spec,
             filename=filename,
-            tests_filename=tests_filename,
+            tests_filename=test_file.name if test_file is not None else "tests.py",
         )
-    emit(result, as_json, lambda: render_result(result))
+    emit(result, opts["as_json"], lambda: render_result(result))
     code = exit_code_for(result)
     if code:
         raise click.exceptions.Exit(code)
@@ -121,53 +119,18 @@ def _run_and_report(
 @click.argument("file", type=click.Path(path_type=Path))
 @_py_options
 @json_option
-def run_cmd(
-    file: Path,
-    test_file: Path | None,
-    files: tuple[Path, ...],
-    output_bytes: str | None,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    as_json: bool,
-) -> None:
+def run_cmd(file: Path, **opts: Any) -> None:
     """Run FILE.py (then its --test file) in a fresh CPython-in-WASM instance."""
-    source = _read_text(file, "snippet")
-    tests = _read_text(test_file, "--test") if test_file is not None else None
-    spec = _spec(policy_file, fuel, memory, timeout, output_bytes)
-    _run_and_report(
-        source,
-        tests,
-        files,
-        spec,
-        file.name,
-        test_file.name if test_file is not None else "tests.py",
-        as_json,
-    )
+    _run_and_report(_read_text(file, "snippet"), file.name, opts)
 
 
 @py.command("eval")
 @click.argument("code")
 @_py_options
 @json_option
-def eval_cmd(
-    code: str,
-    test_file: Path | None,
-    files: tuple[Path, ...],
-    output_bytes: str | None,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    as_json: bool,
-) -> None:
+def eval_cmd(code: str, **opts: Any) -> None:
     """Run CODE (a string; '-' reads it from stdin) in a fresh CPython-in-WASM instance."""
-    source = sys.stdin.read() if code == "-" else code
-    tests = _read_text(test_file, "--test") if test_file is not None else None
-    spec = _spec(policy_file, fuel, memory, timeout, output_bytes)
-    name = test_file.name if test_file is not None else "tests.py"
-    _run_and_report(source, tests, files, spec, "<eval>", name, as_json)
+    _run_and_report(sys.stdin.read() if code == "-" else code, "<eval>", opts)
 
 
 @py.command("build")

@@ -24,6 +24,7 @@ from pathlib import Path
 import wasmtime
 
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
+from hybrid.paths import read_input
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.wasm import engine as _engine
@@ -88,15 +89,7 @@ def load_module(module: str | Path | bytes | wasmtime.Module) -> wasmtime.Module
     if isinstance(module, bytes):
         return CACHE.module(module)
     path = Path(module)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ModuleError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ModuleError(f"{path}: is a directory, not a module") from None
-    except OSError as exc:
-        raise ModuleError(f"{path}: cannot read: {exc.strerror}") from None
-    return CACHE.module(data, name=str(path))
+    return CACHE.module(read_input(path, error=ModuleError), name=str(path))
 
 
 def run(

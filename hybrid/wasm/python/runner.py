@@ -29,6 +29,7 @@ import wasmtime
 from wasmtime.component import Linker
 
 from hybrid.errors import InvalidInput, PolicyViolation
+from hybrid.paths import read_input
 from hybrid.policy import Budget, SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
 from hybrid.wasm import engine as _engine
@@ -464,14 +465,7 @@ def _read_inputs(files: InputFiles) -> list[tuple[str, bytes]]:
         if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts == (".",):
             raise InvalidInput(f"input file name {name!r} must be a relative path without '..'")
         if isinstance(content, Path):
-            try:
-                data = content.read_bytes()
-            except FileNotFoundError:
-                raise InvalidInput(f"{content}: no such input file") from None
-            except IsADirectoryError:
-                raise InvalidInput(f"{content}: is a directory; pass the files inside it") from None
-            except OSError as exc:
-                raise InvalidInput(f"{content}: cannot read: {exc.strerror}") from None
+            data = read_input(content, "input file")
         else:
             data = content.encode() if isinstance(content, str) else bytes(content)
         total += len(data)
