@@ -25,7 +25,7 @@ import wasmtime
 
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
 from hybrid.paths import read_input
-from hybrid.policy import SandboxSpec, admit
+from hybrid.policy import Mount, SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.wasm import engine as _engine
 from hybrid.wasm import poll
@@ -135,13 +135,7 @@ def run(
         wasi.stderr_file = str(err.path)
         pipes = (out, err)
         wasi.preopen_dir(str(scratch), spec.workspace, True)
-        for mount in spec.mounts:
-            source = mount.source.expanduser()
-            if not source.is_dir():
-                raise InvalidInput(
-                    f"{source}: not a directory (the wasm tier grants directories only)"
-                )
-            wasi.preopen_dir(str(source), mount.target, mount.mode == "rw")
+        preopen_mounts(wasi, spec.mounts)
 
         for pipe in pipes:
             pipe.start()
@@ -227,6 +221,15 @@ def run(
             pipe.finish()
         shutil.rmtree(io_dir, ignore_errors=True)
         _release_scratch(scratch)
+
+
+def preopen_mounts(wasi: wasmtime.WasiConfig, mounts: Sequence[Mount]) -> None:
+    """Grant each mount's host directory at its target (read-only unless mode is rw)."""
+    for mount in mounts:
+        source = mount.source.expanduser()
+        if not source.is_dir():
+            raise InvalidInput(f"{source}: not a directory (the wasm tiers grant directories only)")
+        wasi.preopen_dir(str(source), mount.target, mount.mode == "rw")
 
 
 def classify_trap(exc: wasmtime.Trap) -> tuple[Termination, str]:

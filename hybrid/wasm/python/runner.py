@@ -35,7 +35,7 @@ from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
 from hybrid.wasm import engine as _engine
 from hybrid.wasm.pipes import OutputPipe
 from hybrid.wasm.python import guest
-from hybrid.wasm.runtime import classify_error, classify_trap
+from hybrid.wasm.runtime import classify_error, classify_trap, preopen_mounts
 
 TIER = "python-wasm"
 
@@ -127,13 +127,7 @@ def run_python(
         wasi.stderr_file = str(err.path)
         # No stdin is configured: input() and sys.stdin.read() see end-of-file at once.
         wasi.preopen_dir(str(files_dir), "/", False)
-        for mount in spec.mounts:
-            source_path = mount.source.expanduser()
-            if not source_path.is_dir():
-                raise InvalidInput(
-                    f"{source_path}: not a directory (the wasm tiers grant directories only)"
-                )
-            wasi.preopen_dir(str(source_path), mount.target, mount.mode == "rw")
+        preopen_mounts(wasi, spec.mounts)
         for pipe in outcome.pipes:
             pipe.start()
         store = wasmtime.Store(_engine.engine())
