@@ -716,7 +716,26 @@ finally:
     sys.stdout, sys.stderr = _saved_streams
     _deadline = math.inf
 
+# Plug the allocator's free holes, then freeze. This CPython allocates objects with wasi-libc's
+# dlmalloc (no pymalloc), and the build left megabytes of free chunks scattered over the whole
+# snapshot heap. A run's allocations landed in them, so every run copied-on-write pages all over
+# the 33 MB image: ~600 page faults, about 1.5 ms of the shipping case. With the holes held by
+# filler objects (the smallest chunk each, ~4 MB in all), a run's objects come from the top of
+# the heap instead, and the shipping case writes ~280 pages (4.0 ms per run instead of 5.2).
+
+
+def _plug_heap_holes():
+    top = max(map(id, gc.get_objects()))  # id() is the address: the highest object so far
+    fillers = []
+    while True:
+        chunk = [object() for _ in range(4096)]
+        fillers.append(chunk)
+        if min(map(id, chunk)) > top:  # every new chunk comes from the top: no hole is left
+            return fillers
+
+
+gc.collect()
+_FILLERS = _plug_heap_holes()
 # Move everything built so far into the collector's permanent generation: a collection during a
 # run then never walks (and page-faults in) the whole snapshot heap, only the run's own objects.
-gc.collect()
 gc.freeze()
