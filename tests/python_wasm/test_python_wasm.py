@@ -222,6 +222,19 @@ def test_large_allocation_under_the_cap_is_memory_error() -> None:
         result.raise_for_termination()
 
 
+def test_each_run_gets_its_own_memory_cap_whatever_ran_before() -> None:
+    # Runs on a worker use an instance prepared after the previous run (under a 64 MiB cap):
+    # the run's own cap must replace that one, in both directions.
+    grow = "data = bytearray(100 * 1024 * 1024)\nprint(len(data) // 1024**2)"
+    for _ in range(2):
+        assert run_python(grow, spec=spec(memory="256M")).stdout == "100\n"
+        assert run_python(grow, spec=spec(memory="96M")).termination is Termination.OUT_OF_MEMORY
+    # A cap below the guest's own starting memory fails the run, not the caller.
+    tiny = run_python("print(1)", spec=spec(memory="16M"))
+    assert tiny.termination is Termination.OUT_OF_MEMORY, tiny
+    assert run_python("print(1)").stdout == "1\n"
+
+
 def test_host_files_are_not_readable() -> None:
     result = run_python("open('/etc/passwd').read()")
     assert result.termination is Termination.NONZERO_EXIT

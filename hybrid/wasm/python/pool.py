@@ -2,7 +2,9 @@
 
 Threads in one process share an address space, so every instance's page faults and unmaps flush
 the other cores' TLBs; on a 2-core VM two threads run fewer snippets per second than one. Worker
-processes do not share that cost, so a batch of isolated runs scales with the cores.
+processes do not share that cost, so a batch of isolated runs scales with the cores. Each worker
+process is pinned to one CPU in turn, so its threads (the guest's and wasmtime's) never wake
+another CPU.
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ import multiprocessing
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 from hybrid.results import ExecutionResult
 
 
-def _warm() -> None:
+def _warm(started: Synchronized[int]) -> None:
     from hybrid.wasm.python import run_python
+    from hybrid.wasm.python.runner import pin
 
+    with started.get_lock():
+        index = started.value
+        started.value += 1
+    pin(index)  # before any thread starts: the whole worker process lives on one CPU
     run_python("pass")  # loads the compiled component once per worker
 
 
@@ -34,8 +42,12 @@ class PythonPool:
     def __init__(self, processes: int | None = None) -> None:
         self.processes = processes or os.cpu_count() or 1
         # spawn, not fork: the parent may hold wasmtime's threads and locks.
+        context = multiprocessing.get_context("spawn")
         self._executor = ProcessPoolExecutor(
-            self.processes, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
+            self.processes,
+            mp_context=context,
+            initializer=_warm,
+            initargs=(context.Value("i", 0),),
         )
 
     def submit(

@@ -226,7 +226,7 @@ class _Workers:
         return done
 
     def _serve(self, inbox: queue.SimpleQueue[tuple[_Job, threading.Event]], index: int) -> None:
-        _pin(index)
+        pin(index)
         while True:
             job, done = inbox.get()
 
@@ -242,8 +242,9 @@ class _Workers:
                 ready()
 
 
-def _pin(index: int) -> None:
-    """Pin the calling thread to the ``index``-th allowed CPU (round robin); best effort."""
+def pin(index: int) -> None:
+    """Pin the calling thread (and the threads it starts) to the ``index``-th allowed CPU,
+    round robin; best effort."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[index % len(cpus)]})
