@@ -133,6 +133,61 @@ def test_a_snippet_that_raises_skips_its_tests_and_reports_the_error() -> None:
     assert result.traceback is not None and 'File "snippet.py", line 1' in result.traceback
 
 
+DOUBLE = "def double(x):\n    return x * 2\n"
+MIXED_TESTS = "\n".join(
+    [
+        'assert double(2) == 5, "doubling"',
+        "undefined_helper()",
+        "def test_ok():",
+        "    assert double(1) == 2",
+        "import unittest",
+        "class TestDouble(unittest.TestCase):",
+        "    def test_three(self):",
+        "        self.assertEqual(double(3), 7)",
+        "assert (double(1)\n        == 2)",
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "tests"),
+    [
+        (DOUBLE, MIXED_TESTS),
+        ("x = 1 / 0", MIXED_TESTS),  # tests skipped: their names come from the cached state
+        (DOUBLE, "assert double(2) ==\n"),  # a syntax error is never cached
+        (DOUBLE, "return 1"),  # parses, but does not compile
+    ],
+    ids=["mixed", "snippet-raises", "syntax-error", "compile-error"],
+)
+def test_tests_compiled_once_give_the_same_outcomes(source: str, tests: str) -> None:
+    # The first run compiles the tests; later runs with the same tests use the state a
+    # compile-only instance cached. Nothing a user can see may differ.
+    first, second, third = (run_python(source, tests) for _ in range(3))
+    for later in (second, third):
+        assert later.model_dump(exclude={"usage"}) == first.model_dump(exclude={"usage"})
+    assert not first.ok
+
+
+def test_a_snippet_cannot_forge_the_tests_later_runs_execute() -> None:
+    tests = "assert double(2) == 5  # forge"
+    # The first run with these tests swaps in an always-passing compiled state for its own
+    # tests: it may lie about itself, but the state later runs use is compiled elsewhere.
+    forge = (
+        "import app, gc\n"
+        "fake = app._Tests(None, 'assert True', 'tests.py')\n"
+        "state = fake.state(fake.compile())\n"
+        "for obj in gc.get_objects():\n"
+        "    if type(obj).__name__ == '_Run':\n"
+        "        obj.tests_state = state\n"
+        "def double(x):\n    return 4\n"
+    )
+    assert run_python(forge, tests).ok
+    for _ in range(2):
+        honest = run_python(DOUBLE, tests)
+        assert not honest.ok
+        assert honest.tests[0].message == "AssertionError: assert 4 == 5"
+
+
 def test_stdout_stderr_and_exit_status() -> None:
     result = run_python("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)")
     assert (result.stdout, result.stderr, result.exit_code) == ("out\n", "err\n", 3)

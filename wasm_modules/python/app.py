@@ -8,6 +8,7 @@ which the host captures through bounded pipes.
 """
 
 import ast
+import base64
 import builtins
 import contextlib
 import gc
@@ -16,6 +17,7 @@ import io
 import itertools
 import json
 import linecache
+import marshal
 import math
 import pkgutil
 import select
@@ -390,6 +392,32 @@ class _Tests:
         self.names = []
         self.texts = []
         self.lines = []
+        self.functions = []
+        self.items = []  # every test's name in file order (asserts and test functions)
+
+    def compile(self):
+        """The test file as one code object (SyntaxError as compile() raises it)."""
+        tree = ast.parse(self.source, self.filename)
+        _mark("parse tests")
+        tree, self.functions = self.transform(tree)
+        _mark("transform tests")
+        code = compile(tree, self.filename, "exec")
+        _mark("compile tests")
+        return code
+
+    def state(self, code):
+        """Everything a later run needs instead of parsing and compiling again (marshal-able)."""
+        lines = sorted(n for f, n in _assert_lines if f == self.filename)
+        fields = (self.functions, self.classes, self.names, self.texts, self.lines, self.items)
+        return (code, *fields, lines)
+
+    @classmethod
+    def restore(cls, run, source, filename, state):
+        tests = cls(run, source, filename)
+        code, tests.functions, tests.classes, tests.names, tests.texts, tests.lines = state[:6]
+        tests.items, lines = state[6:]
+        _assert_lines.update((filename, n) for n in lines)
+        return tests, code
 
     def transform(self, tree):
         functions = []
@@ -397,9 +425,11 @@ class _Tests:
         for node in tree.body:
             if isinstance(node, ast.Assert):
                 body.append(self._assert(node))
+                self.items.append(self.names[-1])
             elif _is_test_function(node):
                 body.append(node)
                 functions.append(node.name)
+                self.items.append(node.name)
             else:
                 if isinstance(node, ast.ClassDef):
                     self.classes.append(node.name)
@@ -513,6 +543,9 @@ class _Run:
         self.filename = request.get("filename") or "snippet.py"
         self.tests = request.get("tests")
         self.tests_filename = request.get("tests_filename") or "tests.py"
+        state = request.get("tests_state")
+        # The host caches what a compile-only run (no snippet) returned for these tests.
+        self.tests_state = marshal.loads(base64.b64decode(state)) if state else None
         self.files = {self.filename, self.tests_filename}
         self.outcomes = []
         self.exit_code = 0
@@ -567,31 +600,39 @@ class _Run:
     def _skip_tests(self, message):
         if not self.tests:
             return
-        try:
-            tree = ast.parse(self.tests, self.tests_filename)
-        except SyntaxError:
-            return
-        for name in _test_items(tree, self.tests):
+        if self.tests_state is not None:
+            items = _Tests.restore(self, self.tests, self.tests_filename, self.tests_state)[0].items
+        else:
+            try:
+                items = list(_test_items(ast.parse(self.tests, self.tests_filename), self.tests))
+            except (SyntaxError, ValueError):
+                return
+        for name in items:
             self.outcomes.append({"name": name, "passed": False, "message": message})
+
+    def _compiled_tests(self):
+        """(_Tests, code) from the request's cached state or compiled now; None after recording
+        why the test file does not compile."""
+        if self.tests_state is not None:
+            return _Tests.restore(self, self.tests, self.tests_filename, self.tests_state)
+        tests = _Tests(self, self.tests, self.tests_filename)
+        try:
+            return tests, tests.compile()
+        except (SyntaxError, ValueError) as exc:  # also 'return' outside a function, NUL bytes
+            self.record(self.tests_filename, exc)
+            return None
 
     def _run_tests(self, namespace):
         _register(self.tests_filename, self.tests)
-        try:
-            tree = ast.parse(self.tests, self.tests_filename)
-        except SyntaxError as exc:
-            self.record(self.tests_filename, exc)
+        compiled = self._compiled_tests()
+        if compiled is None:
             return
-        _mark("parse tests")
-        tests = _Tests(self, self.tests, self.tests_filename)
-        tree, functions = tests.transform(tree)
-        _mark("transform tests")
+        tests, code = compiled
         namespace[_HOOK] = tests
         try:
-            code = compile(tree, self.tests_filename, "exec")
-            _mark("compile tests")
             exec(code, namespace)
             _mark("run tests")
-            for name in functions:
+            for name in tests.functions:
                 func = namespace.get(name)
                 if callable(func):
                     tests.call(name, func)
@@ -602,6 +643,19 @@ class _Run:
         finally:
             namespace.pop(_HOOK, None)
             namespace.pop(_ERROR, None)
+
+
+def _tests_state(request):
+    """A compile-only request: the test file's compiled state, for the host to cache.
+
+    It runs in an instance of its own where no snippet runs, so nothing a snippet does can
+    reach what later runs with the same tests will execute."""
+    tests = _Tests(None, request["tests"], request.get("tests_filename") or "tests.py")
+    try:
+        code = tests.compile()
+    except (SyntaxError, ValueError):
+        return {"tests_state": None}
+    return {"tests_state": base64.b64encode(marshal.dumps(tests.state(code))).decode()}
 
 
 def _flush():
@@ -626,6 +680,8 @@ def _handle(request):
         return _modules()
     _deadline = time.monotonic() + float(request.get("wall_seconds") or math.inf)
     _assert_lines.clear()
+    if request.get("op") == "compile_tests":
+        return _tests_state(request)
     run = _Run(request)
     try:
         run.execute()
@@ -696,8 +752,11 @@ def test_one():
 
 
 def _warm_up():
+    state = _handle({"op": "compile_tests", "tests": _WARM_TESTS})["tests_state"]
     for _ in range(3):
         _handle({"op": "run", "source": _WARM_SNIPPET, "tests": _WARM_TESTS, "wall_seconds": 60})
+        run = {"op": "run", "source": _WARM_SNIPPET, "tests": _WARM_TESTS, "wall_seconds": 60}
+        _handle({**run, "tests_state": state})
         _handle({"op": "run", "source": "print('x', end='')[0]", "wall_seconds": 60})
     _handle({"op": "modules"})
     linecache.clearcache()

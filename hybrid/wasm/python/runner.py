@@ -100,6 +100,7 @@ def run_python(
             raise PolicyViolation(violations)
     compiled = guest.component()
     budget = spec.budget
+    tests_state = None if tests is None else _TESTS.get(compiled, tests, tests_filename)
     request = json.dumps(
         {
             "op": "run",
@@ -107,11 +108,14 @@ def run_python(
             "tests": tests,
             "filename": filename,
             "tests_filename": tests_filename,
+            "tests_state": tests_state,
             "wall_seconds": budget.wall_seconds,
         }
     )
     outcome = _Outcome()
     outcome.expects_tests = tests is not None
+    if tests is not None and tests_state is None:
+        outcome.compile_tests = (tests, tests_filename)
     try:
         run_id = next(_counter)
         root = _scratch_root()
@@ -285,6 +289,7 @@ class _Outcome:
         self.exit_status: int | None = None
         self.staged_key: str | None = None
         self.expects_tests = False
+        self.compile_tests: tuple[str, str] | None = None  # (tests, filename) to cache after
         self.termination = Termination.OK
         self.detail = ""
         self.wall_ms = 0.0
@@ -345,6 +350,8 @@ class _Outcome:
             ready()
             if store is not None:
                 store.close()
+        if self.compile_tests is not None:
+            _TESTS.fill(compiled, *self.compile_tests)
         if budget.memory >= PREPARED_MEMORY:
             _prepare(compiled)
 
@@ -545,19 +552,69 @@ def _check_total(total: int) -> None:
         )
 
 
-def available_modules() -> list[str]:
-    """The importable modules bundled in the guest (public names, sorted), asked of the guest itself."""
-    compiled = guest.component()
+def _call(compiled: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """One harness request (no snippet) in a fresh instance under the default budget."""
+    budget = DEFAULT_SPEC.budget
     store = wasmtime.Store(_engine.engine())
-    store.set_fuel(DEFAULT_SPEC.budget.fuel)
-    store.set_limits(memory_size=DEFAULT_SPEC.budget.memory)
-    store.set_epoch_deadline(_engine.deadline_ticks(DEFAULT_SPEC.budget.wall_seconds))
-    store.set_wasi(wasmtime.WasiConfig())
     try:
+        store.set_fuel(budget.fuel)
+        store.set_limits(memory_size=budget.memory)
+        store.set_epoch_deadline(_engine.deadline_ticks(budget.wall_seconds))
+        store.set_wasi(wasmtime.WasiConfig())
         instance = _linker().instantiate(store, compiled)
         func = instance.get_func(store, "run")
-        assert func is not None
-        modules: list[str] = json.loads(func(store, json.dumps({"op": "modules"})))["modules"]
-        return modules
+        if func is None:
+            raise wasmtime.WasmtimeError("the python-wasm guest exports no run function")
+        reply: dict[str, Any] = json.loads(func(store, json.dumps(request)))
+        return reply
     finally:
         store.close()
+
+
+class _TestsCache:
+    """Compiled test files, so the runs of an agent's loop (new snippet, same tests) skip
+    parsing, transforming and compiling them (~0.4 ms of each run).
+
+    Each entry comes from a compile-only request in an instance of its own, made after the
+    run that first saw the tests: a snippet never runs where an entry is made, so it cannot
+    forge what later runs execute.
+    """
+
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[str, str], tuple[Any, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, compiled: Any, tests: str, filename: str) -> str | None:
+        with self._lock:
+            entry = self._entries.get((filename, tests))
+            if entry is None or entry[0] is not compiled:
+                return None
+            self._entries.move_to_end((filename, tests))
+            return entry[1]
+
+    def fill(self, compiled: Any, tests: str, filename: str) -> None:
+        if self.get(compiled, tests, filename) is not None:
+            return
+        try:
+            state = _call(
+                compiled, {"op": "compile_tests", "tests": tests, "tests_filename": filename}
+            )
+        except (wasmtime.WasmtimeError, wasmtime.Trap, ValueError):
+            return  # runs with these tests keep compiling them
+        if not isinstance(state.get("tests_state"), str):
+            return  # the tests do not compile: each run reports why
+        with self._lock:
+            self._entries[(filename, tests)] = (compiled, state["tests_state"])
+            while len(self._entries) > self.SIZE:
+                self._entries.popitem(last=False)
+
+
+_TESTS = _TestsCache()
+
+
+def available_modules() -> list[str]:
+    """The importable modules bundled in the guest (public names, sorted), asked of the guest itself."""
+    modules: list[str] = _call(guest.component(), {"op": "modules"})["modules"]
+    return modules
