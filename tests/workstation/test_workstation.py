@@ -73,7 +73,9 @@ def test_only_allow_listed_environment(engine):
 def test_refusals_are_typed(engine):
     with pytest.raises(PolicyViolation):
         engine.create(
-            SandboxSpec(tier="gvisor", network=NetworkPolicy(mode="egress", allow=["index.example.com"]))
+            SandboxSpec(
+                tier="gvisor", network=NetworkPolicy(mode="egress", allow=["index.example.com"])
+            )
         )
     with pytest.raises(PolicyViolation):
         engine.create(SandboxSpec(tier="docker", network=NetworkPolicy(mode="egress")))
