@@ -17,7 +17,7 @@ Every run's result is checked (the tests pass, the output is right) before it co
 The shipping runs reuse one test file, as an agent's loop does: after the first run its
 compiled state comes from the tests cache (a run with a test file never seen costs ~0.4 ms
 more). Runs go back to back; with idle gaps between them this VM's CPUs go cold and a
-shipping run takes ~5.5 ms instead (measured with 20-100 ms gaps).
+shipping run takes 4.7-6.1 ms instead (20-100 ms gaps; 2.5 ms with 2 ms gaps).
 
     python benchmarks/python_tier.py [--runs 200] [--docker-runs 20] [--threads 1,2,4]
 
