@@ -753,10 +753,10 @@ def test_one():
 
 def _warm_up():
     state = _handle({"op": "compile_tests", "tests": _WARM_TESTS})["tests_state"]
+    run = {"op": "run", "source": _WARM_SNIPPET, "tests": _WARM_TESTS, "wall_seconds": 60}
     for _ in range(3):
-        _handle({"op": "run", "source": _WARM_SNIPPET, "tests": _WARM_TESTS, "wall_seconds": 60})
-        run = {"op": "run", "source": _WARM_SNIPPET, "tests": _WARM_TESTS, "wall_seconds": 60}
-        _handle({**run, "tests_state": state})
+        _handle(run)
+        _handle({**run, "tests_state": state})  # the path of a run with cached tests
         _handle({"op": "run", "source": "print('x', end='')[0]", "wall_seconds": 60})
     _handle({"op": "modules"})
     linecache.clearcache()

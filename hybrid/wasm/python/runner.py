@@ -165,7 +165,8 @@ def _prepare(compiled: Any) -> None:
 
     Instantiation runs no guest code and the WASI context (files, pipes, environment) is set
     just before the call, so a prepared instance is exactly as fresh as one made on the spot;
-    each is used by one run only. It takes ~0.6 ms off every run's latency.
+    each is used by one run only. It takes instantiation (~0.6 ms) off the next run's latency
+    unless that run is already waiting.
     """
     store = wasmtime.Store(_engine.engine())
     try:
@@ -300,9 +301,9 @@ class _Outcome:
         """Run the guest, call ``ready``, then release the store and prepare the next instance.
 
         Every byte the guest wrote is in the pipes when the call returns (WASI writes are
-        synchronous), so they are read to the end before ``ready``. Dropping the store and
-        instantiating the next run's instance happen after it, while the caller reads its
-        result; the worker is pinned to one CPU, so the unmap's TLB flush stays on it.
+        synchronous), so they are read to the end before ``ready``. Dropping the store, caching
+        the compiled tests and instantiating the next run's instance happen after it, while
+        the caller reads its result.
         """
         budget = self.budget
         start = time.perf_counter()
