@@ -234,27 +234,27 @@ class DockerWorkstation:
         limit = self.spec.budget.output_bytes
         api = client().api
         self._ensure_running()
-        with translate(f"exec in {self.name}"):
-            try:
-                exec_id = api.exec_create(
+
+        def create() -> str:
+            return str(
+                api.exec_create(
                     self.id,
                     argv,
                     environment=environment,
                     workdir=workdir or self.spec.workspace,
                     user=self.user,
                 )["Id"]
+            )
+
+        with translate(f"exec in {self.name}"):
+            try:
+                exec_id = create()
             except errors.APIError as exc:
                 if "is not running" not in _explain(exc):
                     raise
                 self._running = False
                 self._ensure_running()
-                exec_id = api.exec_create(
-                    self.id,
-                    argv,
-                    environment=environment,
-                    workdir=workdir or self.spec.workspace,
-                    user=self.user,
-                )["Id"]
+                exec_id = create()
             start = time.time()
             stream = _stream_client().exec_start(exec_id, stream=True, demux=True)
         supervisor = _Supervisor(self, stream, start + deadline)
