@@ -154,8 +154,9 @@ PREPARED_MEMORY = 64 * 1024**2
 at least this uses it (its cap then holds for everything the run grows); a smaller cap
 instantiates on the spot under that cap."""
 
-PREPARE_FUEL = 10_000_000
-PREPARE_SECONDS = 5.0
+PREPARE_BUDGET = Budget(wall_seconds=5.0, memory=PREPARED_MEMORY, fuel=10_000_000)
+"""Instantiation runs a few thousand instructions of start-up code (no WASI use): a small
+allowance; the run sets its own budget before its call."""
 
 _prepared = threading.local()
 
@@ -170,17 +171,22 @@ def _prepare(compiled: Any) -> None:
     """
     store = wasmtime.Store(_engine.engine())
     try:
-        # Instantiation runs a few thousand instructions of start-up code (no WASI use): a
-        # small fuel and time allowance; the run sets its own budget before its call.
-        store.set_fuel(PREPARE_FUEL)
-        store.set_epoch_deadline(_engine.deadline_ticks(PREPARE_SECONDS))
-        store.set_limits(memory_size=PREPARED_MEMORY)
-        store.set_wasi(wasmtime.WasiConfig())
+        _configure(store, PREPARE_BUDGET)
         instance = _linker().instantiate(store, compiled)
     except wasmtime.WasmtimeError:
         store.close()  # the run instantiates on the spot and reports why
         return
     _prepared.entry = (compiled, store, instance)
+
+
+def _configure(
+    store: wasmtime.Store, budget: Budget, wasi: wasmtime.WasiConfig | None = None
+) -> None:
+    """Give ``store`` the budget's fuel, memory cap and deadline, and a WASI context."""
+    store.set_fuel(budget.fuel)
+    store.set_limits(memory_size=budget.memory)
+    store.set_epoch_deadline(_engine.deadline_ticks(budget.wall_seconds))
+    store.set_wasi(wasmtime.WasiConfig() if wasi is None else wasi)
 
 
 def _take_prepared(compiled: Any, budget: Budget) -> tuple[wasmtime.Store, Any] | None:
@@ -311,10 +317,7 @@ class _Outcome:
         try:
             prepared = _take_prepared(compiled, budget)
             store = prepared[0] if prepared else wasmtime.Store(_engine.engine())
-            store.set_fuel(budget.fuel)
-            store.set_limits(memory_size=budget.memory)
-            store.set_epoch_deadline(_engine.deadline_ticks(budget.wall_seconds))
-            store.set_wasi(self.wasi)
+            _configure(store, budget, self.wasi)
             instance = prepared[1] if prepared else _linker().instantiate(store, compiled)
             func = instance.get_func(store, "run")
             if func is None:
@@ -555,13 +558,9 @@ def _check_total(total: int) -> None:
 
 def _call(compiled: Any, request: dict[str, Any]) -> dict[str, Any]:
     """One harness request (no snippet) in a fresh instance under the default budget."""
-    budget = DEFAULT_SPEC.budget
     store = wasmtime.Store(_engine.engine())
     try:
-        store.set_fuel(budget.fuel)
-        store.set_limits(memory_size=budget.memory)
-        store.set_epoch_deadline(_engine.deadline_ticks(budget.wall_seconds))
-        store.set_wasi(wasmtime.WasiConfig())
+        _configure(store, DEFAULT_SPEC.budget)
         instance = _linker().instantiate(store, compiled)
         func = instance.get_func(store, "run")
         if func is None:
