@@ -21,6 +21,26 @@ def cache_dir(*parts: str) -> Path:
     return path
 
 
+def state_dir(*parts: str) -> Path:
+    """Host-side state no sandbox can write (``$HYBRID_STATE_DIR``, else ``$XDG_STATE_HOME/hybrid``).
+
+    Created on demand with mode 0700: it holds evidence (diff baselines) and secret values that
+    must never live inside a sandbox or in engine metadata.
+    """
+    root = os.environ.get("HYBRID_STATE_DIR")
+    if root:
+        base = Path(root)
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME")
+        base = (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hybrid"
+    path = base.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for made in (base, *[base.joinpath(*parts[: i + 1]) for i in range(len(parts))]):
+        if made.stat().st_mode & 0o077:
+            made.chmod(0o700)
+    return path
+
+
 def read_input(path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput) -> bytes:
     """Read a file the user named; a missing, directory or unreadable path raises one ``error`` line."""
     try:

@@ -7,3 +7,4 @@ import tempfile
 
 # A private cache per session, so tests neither read nor pollute the user's compiled-module cache.
 os.environ.setdefault("HYBRID_CACHE_DIR", tempfile.mkdtemp(prefix="hybrid-test-cache-"))
+os.environ.setdefault("HYBRID_STATE_DIR", tempfile.mkdtemp(prefix="hybrid-test-state-"))
