@@ -27,7 +27,6 @@ import secrets
 import shlex
 import shutil
 import socket
-import subprocess
 import tarfile
 import tempfile
 import threading
@@ -50,6 +49,7 @@ from hybrid.errors import (
 )
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
+from hybrid.workstation import archive, state
 from hybrid.workstation.base import (
     GcReport,
     OutputCallback,
@@ -57,6 +57,7 @@ from hybrid.workstation.base import (
     SnapshotInfo,
     WorkstationInfo,
 )
+from hybrid.workstation.baseline import Baseline
 
 LABEL_MANAGED = "hybrid.managed"
 LABEL_KIND = "hybrid.kind"
@@ -76,15 +77,6 @@ LABEL_NETWORK = "hybrid.network"
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# The baseline for `diff` lives in its own git dir inside the workspace, so the repository's
-# own .git (and any uncommitted state it had) is untouched and snapshots carry the baseline.
-BASELINE_DIR = ".hybrid/base.git"
-_EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
-_GIT = [
-    "git",
-    "-c", "user.name=hybrid", "-c", "user.email=hybrid@localhost",
-    "-c", "core.autocrlf=false", "-c", "core.quotepath=off", "-c", "gc.auto=0",
-]  # fmt: skip
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _POLL_SECONDS = 0.5
 _RUNSC_PIDS_BASE = 64
@@ -400,10 +392,15 @@ class DockerWorkstation:
     # -- files ------------------------------------------------------------------------------
 
     def put(self, source: Path | bytes, dest: str) -> None:
-        """Copy a host file or directory (or bytes, as a file) to ``dest`` inside the workspace."""
+        """Copy a host file or directory (or bytes, as a file) to ``dest`` inside the workspace.
+
+        Host symlinks travel as symlinks (never followed); a symlink the sandbox planted on
+        the way to ``dest`` is replaced by a directory, never written through.
+        """
         rel = self._relative(dest)
-        with tempfile.TemporaryFile() as archive:
-            with tarfile.open(fileobj=archive, mode="w") as tar:
+        later: list[archive.HostEntry] = []
+        with tempfile.TemporaryFile() as tmp:
+            with tarfile.open(fileobj=tmp, mode="w") as tar:
                 owner = _owner_ids(self.user)
                 for i in range(1, len(rel.parts)):
                     _add_dir(tar, str(PurePosixPath(*rel.parts[:i])), owner)
@@ -411,28 +408,53 @@ class DockerWorkstation:
                     _add_bytes(tar, str(rel), source, owner)
                 else:
                     source = Path(source)
-                    if not source.exists():
+                    if not (source.exists() or source.is_symlink()):
                         raise InvalidInput(f"{source}: no such file or directory")
-                    _add_tree(tar, source, str(rel), owner)
-            archive.seek(0)
-            self._ensure_running()
-            with translate(f"copy into {self.name}"):
-                client().api.put_archive(self.id, self.spec.workspace, archive)
+                    entries = archive.walk(source, archive.Everything(), follow_root=False)
+                    later = archive.pack(tar, entries, str(rel), owner)
+            tmp.seek(0)
+            self._put_archive(tmp, later, f"copy into {self.name}")
+
+    def _put_archive(self, tar: Any, links: list[archive.HostEntry], what: str) -> None:
+        # Frozen while the engine extracts: nothing inside can swap a directory it just made
+        # for a symlink (the engine, as root, would write through it onto the container's root).
+        self._ensure_running()
+        paused = self._pause()
+        try:
+            with translate(what):
+                client().api.put_archive(self.id, self.spec.workspace, tar)
+        finally:
+            if paused:
+                with translate(what):
+                    client().api.unpause(self.id)
+        if links:
+            # Made by the workstation's own user: whatever it meets there, it can do no more
+            # than the sandbox already may.
+            pairs = [
+                a for link in links for a in (link.target, f"{self.spec.workspace}/{link.path}")
+            ]
+            script = (
+                'while [ $# -gt 1 ]; do rm -f -- "$2"; ln -s -- "$1" "$2" || exit 1; shift 2; done'
+            )
+            made = self.exec(["/bin/sh", "-c", script, "sh", *pairs])
+            if not made.ok:
+                raise WorkstationError(
+                    f"{what}: making symlinks failed: {made.stderr.strip()[-300:]}"
+                )
 
     def get(self, path: str, dest: Path | None = None) -> bytes | None:
-        """A file's bytes, or with ``dest`` copy a file or directory out to the host directory."""
+        """A file's bytes, or with ``dest`` copy a file or directory out to the host directory.
+
+        Nothing is written when a member is absolute or a symlink leads outside ``dest``.
+        """
         inside = path if path.startswith("/") else f"{self.spec.workspace}/{path}"
         with translate(f"copy out of {self.name}"):
             chunks, _stat = client().api.get_archive(self.id, inside)
-            with tempfile.TemporaryFile() as archive:
-                for chunk in chunks:
-                    archive.write(chunk)
-                archive.seek(0)
-                with tarfile.open(fileobj=archive, mode="r") as tar:
-                    if dest is not None:
-                        Path(dest).mkdir(parents=True, exist_ok=True)
-                        tar.extractall(dest, filter="data")
-                        return None
+            with archive.spool(chunks) as tmp:
+                if dest is not None:
+                    archive.extract(tmp, Path(dest), f"{self.name}:{path}")
+                    return None
+                with tarfile.open(fileobj=tmp, mode="r") as tar:
                     member = tar.next()
                     if member is None or not member.isfile():
                         raise InvalidInput(
@@ -451,59 +473,32 @@ class DockerWorkstation:
         return path.relative_to(workspace)
 
     def copy_repo(self, repo: Path) -> None:
-        """Copy a repository's working tree (tracked + untracked, not ignored, plus .git) in and record the baseline."""
+        """Copy a repository's working tree (tracked + untracked, not ignored, plus .git) in and record the baseline.
+
+        Nothing is read through a symlink: each goes in as a symlink. The baseline (the exact
+        bytes that went in) is kept on the host, where the sandbox cannot change it.
+        """
         repo = Path(repo)
         if not repo.is_dir():
             raise InvalidInput(f"{repo}: not a directory")
-        with tempfile.TemporaryFile() as archive:
-            with tarfile.open(fileobj=archive, mode="w") as tar:
-                owner = _owner_ids(self.user)
-                for rel in _repo_files(repo):
-                    _add_tree(tar, repo / rel, rel, owner, recurse=False)
-            archive.seek(0)
-            self._ensure_running()
-            with translate(f"copy the repository into {self.name}"):
-                client().api.put_archive(self.id, self.spec.workspace, archive)
-        self._baseline(commit=True)
+        recorder = self.baseline().recorder()
+        with tempfile.TemporaryFile() as tmp:
+            with tarfile.open(fileobj=tmp, mode="w") as tar:
+                entries = archive.walk(repo, archive.repo_selection(repo))
+                later = archive.pack(tar, entries, "", _owner_ids(self.user), recorder)
+            tmp.seek(0)
+            self._put_archive(tmp, later, f"copy the repository into {self.name}")
+        recorder.commit()
 
-    def _baseline(self, commit: bool) -> None:
-        git = [*_GIT, f"--git-dir={BASELINE_DIR}", "--work-tree=."]
-        script = [
-            f"mkdir -p {BASELINE_DIR} && git init -q --bare {BASELINE_DIR}",
-            f"echo /.hybrid/ > {BASELINE_DIR}/info/exclude",
-            # Keep the baseline out of the repository's own `git status` too.
-            "{ test ! -d .git || { mkdir -p .git/info && echo /.hybrid/ >> .git/info/exclude; }; }",
-        ]
-        if commit:
-            script.append(
-                _sh(git)
-                + " add -A && "
-                + _sh(git)
-                + " commit -q --allow-empty --no-verify -m baseline"
-            )
-        result = self.exec(" && ".join(script), timeout=max(60.0, self.spec.budget.wall_seconds))
-        if not result.ok:
-            raise WorkstationError(
-                f"recording the baseline in {self.name} failed: {result.stderr.strip()[-500:]}"
-            )
+    def baseline(self) -> Baseline:
+        """What went in (host side); ``diff`` compares the workspace against it."""
+        return Baseline.of("workstations", self.id)
 
     def diff(self) -> str:
         """Unified diff (git format, binary-safe) of every change since the repository went in."""
-        git = _sh([*_GIT, f"--git-dir={BASELINE_DIR}", "--work-tree=."])
-        script = (
-            f"test -d {BASELINE_DIR} || {{ mkdir -p {BASELINE_DIR} && git init -q --bare {BASELINE_DIR}"
-            f" && echo /.hybrid/ > {BASELINE_DIR}/info/exclude; }}; "
-            f"{git} add -A && "
-            f"if {git} rev-parse -q --verify HEAD >/dev/null; then base=HEAD; else base={_EMPTY_TREE}; fi && "
-            # Into a file, not stdout: a patch is not bounded by the output budget.
-            f"{git} diff --cached --binary --no-color --no-ext-diff $base > .hybrid/agent.patch"
-        )
-        result = self.exec(script, timeout=max(60.0, self.spec.budget.wall_seconds))
-        if not result.ok:
-            raise WorkstationError(
-                f"diff in {self.name} failed: {result.detail}: {result.stderr.strip()[-500:]}"
-            )
-        patch = self.get(f"{self.spec.workspace}/.hybrid/agent.patch") or b""
+        with translate(f"diff {self.name}"):
+            chunks, _stat = client().api.get_archive(self.id, self.spec.workspace)
+            patch = self.baseline().diff(io.BufferedReader(_Chunks(chunks), 1 << 20))
         return patch.decode("utf-8", errors="surrogateescape")
 
     # -- snapshots --------------------------------------------------------------------------
@@ -550,9 +545,10 @@ class DockerWorkstation:
                     LABEL_BASE: self.base_image,
                     LABEL_EPHEMERAL: "1" if ephemeral else "0",
                 }
-                api.commit(
+                made = api.commit(
                     builder, repository=SNAPSHOT_REPOSITORY, tag=name, conf={"Labels": image_labels}
                 )
+                self.baseline().copy_to(Baseline.of("snapshots", made["Id"]))
             finally:
                 if builder is not None:
                     with contextlib.suppress(errors.DockerException):
@@ -931,9 +927,15 @@ class DockerBackend:
             with translate(f"snapshot {snapshot}"):
                 labels = client().api.inspect_image(info.image)["Config"]["Labels"]
             spec = SandboxSpec.model_validate_json(labels[LABEL_SPEC])
-        return self.create(
+        made = self.create(
             spec, image=info.image, name=name, persistent=persistent, snapshot_of=snapshot
         )
+        try:
+            Baseline.of("snapshots", info.id).copy_to(made.baseline())
+        except BaseException:
+            made.remove()
+            raise
+        return made
 
     def open(self, name: str) -> DockerWorkstation:
         """An existing workstation by name."""
@@ -991,6 +993,7 @@ class DockerBackend:
         info = self.snapshot_info(name)
         with translate(f"remove snapshot {name}"), contextlib.suppress(errors.APIError):
             client().api.remove_image(info.image, noprune=False)
+            state.forget("snapshots", info.id)
 
     def remove_container(self, container_id: str, volume: str | None) -> None:
         api = client().api
@@ -1006,17 +1009,20 @@ class DockerBackend:
         if volume:
             with translate("remove workspace volume"), contextlib.suppress(errors.NotFound):
                 api.remove_volume(volume, force=True)
+        state.forget("workstations", container_id)
         if image and image.startswith(f"{SNAPSHOT_REPOSITORY}:"):
             self._drop_if_ephemeral(image)
 
     def _drop_if_ephemeral(self, image: str) -> None:
         api = client().api
         with contextlib.suppress(errors.DockerException):
-            labels = api.inspect_image(image)["Config"].get("Labels") or {}
+            attrs = api.inspect_image(image)
+            labels = attrs["Config"].get("Labels") or {}
             if labels.get(LABEL_EPHEMERAL) == "1" and not api.containers(
                 all=True, filters={"ancestor": image}
             ):
                 api.remove_image(image)
+                state.forget("snapshots", attrs["Id"])
 
     def gc(self, everything: bool = False) -> GcReport:
         """Remove what crashed clients left: their scoped containers, orphan volumes, fork snapshots.
@@ -1067,6 +1073,9 @@ class DockerBackend:
                     with contextlib.suppress(errors.APIError):
                         api.remove_image(row["Id"], force=True)
                         report.images.append(labels.get(LABEL_SNAPSHOT) or row["Id"][7:19])
+            # Host-side state (diff baselines) of workstations and snapshots that are gone.
+            state.prune("workstations", {row["Id"] for row in api.containers(all=True)})
+            state.prune("snapshots", {row["Id"] for row in api.images(all=True)})
         return report
 
 
@@ -1116,10 +1125,6 @@ def _snapshot_info(name: str, attrs: dict[str, Any]) -> SnapshotInfo:
     )
 
 
-def _sh(argv: Sequence[str]) -> str:
-    return " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
-
-
 def _owner_ids(user: str) -> tuple[int, int]:
     uid, _, gid = user.partition(":")
     try:
@@ -1144,62 +1149,3 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, owner: tuple[int, i
     info.uid, info.gid = owner
     info.mtime = int(time.time())
     tar.addfile(info, io.BytesIO(data))
-
-
-def _add_tree(
-    tar: tarfile.TarFile, source: Path, name: str, owner: tuple[int, int], recurse: bool = True
-) -> None:
-    def own(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if not (info.isfile() or info.isdir() or info.issym()):
-            return None  # sockets, fifos and devices stay on the host
-        info.uid, info.gid = owner
-        info.uname = info.gname = ""
-        return info
-
-    tar.add(source, arcname=name, recursive=recurse, filter=own)
-
-
-def _repo_files(repo: Path) -> list[str]:
-    """Relative paths to copy: git's tracked + untracked-not-ignored files and .git, or everything."""
-    if (repo / ".git").exists():
-        try:
-            listed = subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(repo),
-                    "ls-files",
-                    "-z",
-                    "--cached",
-                    "--others",
-                    "--exclude-standard",
-                ],
-                capture_output=True,
-                check=True,
-            ).stdout.decode("utf-8", errors="surrogateescape")
-        except (OSError, subprocess.CalledProcessError):
-            listed = None
-        if listed is not None:
-            files = sorted(
-                {
-                    p
-                    for p in listed.split("\0")
-                    if p and ((repo / p).is_symlink() or (repo / p).exists())
-                }
-            )
-            dirs = sorted({str(PurePosixPath(p).parent) for p in files} - {"."})
-            parents = sorted(
-                {
-                    str(a)
-                    for d in dirs
-                    for a in [PurePosixPath(d), *PurePosixPath(d).parents]
-                    if str(a) != "."
-                }
-            )
-            git_tree = (
-                [str(p.relative_to(repo)) for p in sorted((repo / ".git").rglob("*"))]
-                if (repo / ".git").is_dir()
-                else []
-            )
-            return [*parents, ".git", *git_tree, *files]
-    return [str(p.relative_to(repo)) for p in sorted(repo.rglob("*"))]
