@@ -416,18 +416,32 @@ class DockerWorkstation:
             self._put_archive(tmp, later, f"copy into {self.name}")
 
     def _put_archive(self, tar: Any, links: list[archive.HostEntry], what: str) -> None:
-        # Frozen while the engine extracts: nothing inside can swap a directory it just made
-        # for a symlink (the engine, as root, would write through it onto the container's root).
-        self._ensure_running()
-        paused = self._pause()
-        try:
-            with translate(what):
-                client().api.put_archive(self.id, self.spec.workspace, tar)
-        finally:
-            if paused:
-                with translate(what):
-                    client().api.unpause(self.id)
+        # The engine extracts as root and follows a symlink it meets on the way. A process
+        # inside can swap a directory the engine just made for a symlink (and a fork loop
+        # defeats `docker pause`), so the archive goes into a throwaway container holding only
+        # the workspace volume: a raced symlink leads into that container's root, never into
+        # this workstation's root or its other mounts.
+        api = client().api
+        with translate(what):
+            helper = api.create_container(
+                self._container.attrs["Image"],
+                command=["true"],
+                user=self.user,
+                labels={LABEL_MANAGED: "1", LABEL_KIND: "helper", LABEL_OWNER: _owner()},
+                network_disabled=True,
+                host_config=api.create_host_config(
+                    network_mode="none",
+                    read_only=True,
+                    mounts=[DockerMount(self.spec.workspace, self.volume, type="volume")],
+                ),
+            )["Id"]
+            try:
+                api.put_archive(helper, self.spec.workspace, tar)
+            finally:
+                with contextlib.suppress(errors.DockerException):
+                    api.remove_container(helper, force=True)
         if links:
+            self._ensure_running()
             # Made by the workstation's own user: whatever it meets there, it can do no more
             # than the sandbox already may.
             pairs = [
