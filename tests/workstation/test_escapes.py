@@ -105,6 +105,28 @@ def _changes_outside(ws: object, workspace: str = "/workspace") -> list[str]:
     ]
 
 
+def test_tracked_directory_replaced_by_a_link_to_etc(engine, tier, make_spec, tmp_path):
+    """The plainest form: ``etc/`` committed, ``etc -> /etc`` in the working tree."""
+    repo = tmp_path / "repo"
+    (repo / "etc").mkdir(parents=True)
+    (repo / "etc" / "shadow").write_text("committed\n")
+    (repo / "etc" / "passwd").write_text("committed\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "init")
+    for child in (repo / "etc").iterdir():
+        child.unlink()
+    (repo / "etc").rmdir()
+    (repo / "etc").symlink_to("/etc")
+    with engine.create(make_spec(tier), repo=repo) as ws:
+        host = _host_shadow()
+        if host is not None:
+            assert ws.get("/etc/shadow") != host
+        assert ws.get("/etc/passwd") != Path("/etc/passwd").read_bytes()
+        assert _changes_outside(ws) == []
+        assert ws.exec("readlink etc").stdout == "/etc\n"
+
+
 READ_LINKS = textwrap.dedent(
     """
     import json, os
@@ -239,18 +261,34 @@ def test_cp_in_replaces_planted_symlinks(engine, tier, make_spec, tmp_path):
         assert _changes_outside(ws) == []
 
 
-RACE = "while :; do rm -rf d 2>/dev/null; ln -s /etc d 2>/dev/null; done"
+RACE = textwrap.dedent(
+    """
+    import os, shutil
+    while True:
+        try:
+            os.rename("d", "d.old")
+        except OSError:
+            pass
+        try:
+            os.symlink("/etc", "d")
+        except OSError:
+            pass
+        shutil.rmtree("d.old", ignore_errors=True)
+    """
+)
 
 
 def test_cp_in_cannot_be_raced_onto_the_root(engine, make_spec, tmp_path):
     """A loop inside swapping the target directory for a symlink while the engine extracts."""
     host = tmp_path / "host"
+    # Empty directories only: each is one mkdir the engine makes under d, so a swap of d for a
+    # symlink between two of them would land the next one in the container's /etc.
     for i in range(300):
         (host / f"s{i:03d}").mkdir(parents=True)
-        (host / f"s{i:03d}" / "f").write_text("x")
     spec = make_spec("docker", wall_seconds=120)
     with engine.create(spec) as ws:
-        racer = ws.exec(f"nohup sh -c '{RACE}' >/dev/null 2>&1 & echo started")
+        ws.put(RACE.encode(), "race.py")
+        racer = ws.exec("nohup python3 race.py >/dev/null 2>&1 & echo started")
         assert racer.stdout == "started\n"
         for _ in range(8):
             # The racer may break its own copy (the engine then reports a vanished path).
