@@ -210,11 +210,15 @@ class Recorder:
         self._pending: dict[str, tuple[int, _Blob]] = {}
 
     def file(self, path: str, executable: bool, size: int) -> Callable[[bytes], None]:
+        if _in_git_dir(path):
+            return _discard
         blob = _Blob(self._objects, size)
         self._pending[path] = (MODE_EXEC if executable else MODE_FILE, blob)
         return blob.feed
 
     def symlink(self, path: str, target: str) -> None:
+        if _in_git_dir(path):
+            return
         data = os.fsencode(target)
         blob = _Blob(self._objects, len(data))
         blob.feed(data)
@@ -325,7 +329,7 @@ def _read_workspace(
         with tarfile.open(fileobj=archive, mode="r|") as tar:
             for member in tar:
                 path = _inside(member.name)
-                if path is None or ".git" in path.split("/"):
+                if path is None or _in_git_dir(path):
                     continue
                 if member.issym():
                     data = os.fsencode(member.linkname)
@@ -371,6 +375,16 @@ def _inside(name: str) -> str | None:
     if ".." in parts or name.startswith("/"):
         raise WorkstationError(f"the engine sent a member outside the workspace: {name!r}")
     return "/".join(parts)
+
+
+def _in_git_dir(path: str) -> bool:
+    # What `git add -A` never takes: anything in a .git directory (the repository's own
+    # history, or a nested repository's).
+    return ".git" in path.split("/")
+
+
+def _discard(chunk: bytes) -> None:
+    pass
 
 
 def _oid(data: bytes) -> str:

