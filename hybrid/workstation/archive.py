@@ -225,7 +225,7 @@ def pack(
                 info.size = entry.size
                 feed = sink.file(arcname, bool(entry.mode & 0o100), entry.size) if sink else None
                 try:
-                    tar.addfile(info, _Reader(entry.fd, feed))  # type: ignore[arg-type]
+                    tar.addfile(info, _Reader(entry.fd, feed))
                 except OSError as exc:
                     raise InvalidInput(f"{arcname}: changed while copying ({exc})") from None
     except OSError as exc:

@@ -71,9 +71,9 @@ class Baseline:
             self._git(["init", "-q", "--bare", str(self.git_dir)], git_dir=False)
         return Recorder(self)
 
-    def entries(self) -> Entries:
-        """Every path in the recorded tree."""
-        tree = self.tree()
+    def entries(self, tree: str | None = None) -> Entries:
+        """Every path in the recorded tree (or in ``tree``)."""
+        tree = tree or self.tree()
         if tree == EMPTY_TREE:
             return {}
         listed = self._git(["ls-tree", "-r", "-z", "--full-tree", tree])
@@ -99,7 +99,7 @@ class Baseline:
     def diff(self, archive: IO[bytes]) -> bytes:
         """git diff (binary-safe) from the baseline to the workspace in ``archive`` (engine tar)."""
         base = self.tree()
-        known = self.entries()
+        known = self.entries(base)
         with tempfile.TemporaryDirectory(prefix="hybrid-diff-") as tmp:
             scratch = Path(tmp)
             objects = scratch / "objects"
