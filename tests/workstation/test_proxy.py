@@ -409,7 +409,8 @@ DNS_PROBE = textwrap.dedent(
     servers = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")]
     query = bytes.fromhex("abcd01000001000000000000") + b"\\x05hello\\x07invalid\\x00\\x00\\x01\\x00\\x01"
     for server in servers + ["127.0.0.11"]:
-        u = socket.socket(socket.AF_INET6 if ":" in server else socket.AF_INET, socket.SOCK_DGRAM)
+        family = socket.AF_INET6 if ":" in server else socket.AF_INET
+        u = socket.socket(family, socket.SOCK_DGRAM)
         u.settimeout(3)
         try:
             u.connect((server, 53))  # a route lookup only: nothing is sent
@@ -419,6 +420,12 @@ DNS_PROBE = textwrap.dedent(
         if not server.startswith("127."):
             print(server, "ROUTED")  # never send a query off this machine
             continue
+        t = socket.socket(family, socket.SOCK_STREAM)
+        t.settimeout(3)
+        try:
+            t.connect((server, 53)); print(server, "LISTENING")  # a resolver on loopback
+        except OSError as e:
+            print(server, "nothing on tcp", type(e).__name__)
         try:
             u.send(query); u.recv(512); print(server, "ANSWERED")
         except OSError as e:
@@ -432,7 +439,8 @@ def test_dns_from_the_workstation_reaches_nothing(station):
     result = ws.exec(["python3", "-c", DNS_PROBE], timeout=60)
     assert result.ok, result
     assert "no answer" in result.stdout.splitlines()[0], result.stdout
-    assert "ROUTED" not in result.stdout and "ANSWERED" not in result.stdout, result.stdout
+    for word in ("ROUTED", "LISTENING", "ANSWERED"):
+        assert word not in result.stdout, result.stdout
 
 
 PROXY_PROBE = textwrap.dedent(
@@ -443,6 +451,11 @@ PROXY_PROBE = textwrap.dedent(
     os.environ.pop("no_proxy", None); os.environ.pop("NO_PROXY", None)  # localhost too
     out = []
     def connect(target, then=b""):
+        try:
+            return tunnel(target, then)
+        except OSError as e:
+            return type(e).__name__, ""
+    def tunnel(target, then):
         s = socket.create_connection((proxy.hostname, proxy.port), timeout=30)
         s.sendall(f"CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n".encode())
         head = s.recv(4096)
