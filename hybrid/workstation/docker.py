@@ -7,8 +7,8 @@ repository goes in as a copy (put_archive), never a bind mount. All state lives 
 engine's labels, so any process can find a workstation by name.
 
 ``network.mode = "egress"`` (runc only: runsc runs with --network=none here) puts the
-workstation on an internal network with no route out, next to one proxy container that forwards
-only to the allow-list (see proxy.py).
+workstation in a network namespace holding only ``lo``, where 127.0.0.1:3128 leads to one proxy
+container that forwards only to the allow-list and logs every request (see proxy.py).
 
 The supervisor deadline kills the whole container (every process, children included) and keeps
 the partial output; the workspace volume survives, so the next exec starts it again. Under
