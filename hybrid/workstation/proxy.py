@@ -247,7 +247,7 @@ class Proxy:
             path = (url.path or "/") + (f"?{url.query}" if url.query else "")
             upstream_writer.write(f"{method} {path} {version}\r\n".encode("latin-1") + rest)
             await upstream_writer.drain()
-        await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        await _splice((reader, writer), (upstream_reader, upstream_writer))
 
     async def serve(self, path: str = SOCKET) -> None:
         """Serve on the unix socket ``path`` until cancelled."""
@@ -266,15 +266,29 @@ async def _reply(writer: asyncio.StreamWriter, status: bytes) -> None:
         await writer.drain()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
+async def _splice(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    """Copy both ways until both ends are done; an end's EOF half-closes the other side."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while data := await reader.read(_LIMIT):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+
+    tasks = [asyncio.ensure_future(pipe(a[0], b[1])), asyncio.ensure_future(pipe(b[0], a[1]))]
+    try:
+        await asyncio.gather(*tasks)
     except OSError:
-        pass
+        pass  # a reset on either side ends both
     finally:
-        writer.close()
+        for task in tasks:
+            task.cancel()
+        a[1].close()
+        b[1].close()
 
 
 async def relay(path: str = SOCKET, port: int = PORT) -> None:
@@ -286,7 +300,7 @@ async def relay(path: str = SOCKET, port: int = PORT) -> None:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await _splice((reader, writer), (up_reader, up_writer))
 
     server = await asyncio.start_server(forward, "127.0.0.1", port)
     print(f"relay 127.0.0.1:{port} -> {path}", file=sys.stderr, flush=True)

@@ -563,6 +563,33 @@ def test_the_log_cannot_be_reached_or_forged_from_inside(station):
     assert config == {"Type": "json-file", "Config": {"max-file": "2", "max-size": "1m"}}
 
 
+HALF_CLOSE = textwrap.dedent(
+    f"""
+    import socket
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+    s.sendall(b"CONNECT {TARGET_IP}:8000 HTTP/1.1\\r\\n\\r\\n")
+    assert s.recv(100).startswith(b"HTTP/1.1 200")
+    s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+    s.shutdown(socket.SHUT_WR)  # the client is done talking; the answer must still come back
+    body = b""
+    while chunk := s.recv(4096):
+        body += chunk
+    print(body.split(b"\\r\\n\\r\\n", 1)[1].decode())
+    print([l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]])
+    """
+)
+
+
+def test_half_close_and_a_restarted_workstation(station):
+    """A client that shuts its sending side still gets the answer; after the workstation is
+    stopped (as a deadline does) and started again it is back in the same lo-only namespace."""
+    ws, _, _ = station
+    for _ in range(2):
+        result = ws.exec(["python3", "-c", HALF_CLOSE], timeout=60)
+        assert result.stdout.splitlines() == ["hello from outside", "['lo']"], result
+        ws.stop()
+
+
 def test_cli_shows_the_egress_log(station):
     from hybrid.cli import cli
 
