@@ -255,7 +255,7 @@ def ls(as_json: bool) -> None:
         from rich.table import Table
 
         table = Table(title="workstations")
-        for column in ("name", "tier", "status", "image", "kept", "from snapshot"):
+        for column in ("name", "tier", "status", "image", "kept", "from snapshot", "egress"):
             table.add_column(column)
         for w in workstations:
             table.add_row(
@@ -265,6 +265,7 @@ def ls(as_json: bool) -> None:
                 w.image,
                 "yes" if w.persistent else "no",
                 w.snapshot_of or "",
+                "" if w.egress_events is None else f"{w.egress_events} requests",
             )
         console = Console()
         console.print(table)
@@ -277,6 +278,40 @@ def ls(as_json: bool) -> None:
             console.print(snaps)
 
     emit({"workstations": workstations, "snapshots": snapshots}, as_json, render)
+
+
+@ws.command("egress")
+@click.argument("name")
+@json_option
+def egress(name: str, as_json: bool) -> None:
+    """Every request a workstation made through its egress proxy: allowed, refused, failed."""
+    events = _backend().open(name).egress_log()
+
+    def render() -> None:
+        if not events:
+            click.echo(f"{name}: no requests yet", err=True)
+            return
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"egress of {name}")
+        for column in ("time", "decision", "method", "target", "address", "reason"):
+            table.add_column(column)
+        colour = {"allow": "green", "deny": "red", "error": "yellow"}
+        for e in events:
+            # Text, not markup: host and reason are the workstation's to choose.
+            table.add_row(
+                e.time.strftime("%Y-%m-%d %H:%M:%S"),
+                Text(e.decision, style=colour[e.decision]),
+                Text(e.method),
+                Text(f"{e.host}:{e.port}"),
+                Text(e.address),
+                Text(e.reason),
+            )
+        Console().print(table)
+
+    emit(events, as_json, render)
 
 
 @ws.command("down")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult
+from hybrid.workstation.egress import EgressEvent
 
 Runtime = Literal["runc", "runsc"]
 # Called with ("stdout" | "stderr", chunk) as output arrives, up to the output budget.
@@ -36,6 +37,10 @@ class WorkstationInfo(BaseModel):
         description="False for one-shot and library-scoped workstations (gc removes them once their owner is gone)."
     )
     snapshot_of: str | None = Field(None, description="The snapshot it started from, if any.")
+    egress_events: int | None = Field(
+        None,
+        description="Requests its egress proxy logged (see `hybrid ws egress NAME`); None without egress.",
+    )
 
 
 class SnapshotInfo(BaseModel):
@@ -99,6 +104,10 @@ class Workstation(Protocol):
         ...
 
     def info(self) -> WorkstationInfo: ...
+
+    def egress_log(self) -> list[EgressEvent]:
+        """Every request made through the egress proxy, allowed or refused (network mode egress)."""
+        ...
 
     def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> list[str]:
         """The argv a person runs to get a shell inside (`hybrid ws shell` execs it)."""

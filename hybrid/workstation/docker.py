@@ -7,8 +7,8 @@ repository goes in as a copy (put_archive), never a bind mount. All state lives 
 engine's labels, so any process can find a workstation by name.
 
 ``network.mode = "egress"`` (runc only: runsc runs with --network=none here) puts the
-workstation on an internal network with no route out, next to one proxy container that forwards
-only to the allow-list (see proxy.py).
+workstation in a network namespace holding only ``lo``, where 127.0.0.1:3128 leads to one proxy
+container that forwards only to the allow-list and logs every request (see proxy.py).
 
 The supervisor deadline kills the whole container (every process, children included) and keeps
 the partial output; the workspace volume survives, so the next exec starts it again. Under
@@ -38,6 +38,7 @@ from typing import Any, Self
 
 import docker
 from docker import errors
+from docker.types import LogConfig
 from docker.types import Mount as DockerMount
 
 from hybrid.errors import (
@@ -58,6 +59,7 @@ from hybrid.workstation.base import (
     WorkstationInfo,
 )
 from hybrid.workstation.baseline import Baseline
+from hybrid.workstation.egress import EgressEvent, parse_events
 
 LABEL_MANAGED = "hybrid.managed"
 LABEL_KIND = "hybrid.kind"
@@ -81,6 +83,9 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _POLL_SECONDS = 0.5
 _RUNSC_PIDS_BASE = 64
 _RUNSC_PIDS_PER_TASK = 16
+# The egress relay and proxy run as nobody; the proxy's request log is capped at 2 x this.
+_EGRESS_USER = "65534:65534"
+_EGRESS_LOG_SIZE = "1m"
 
 _CLIENT: docker.DockerClient | None = None
 _STREAM: docker.APIClient | None = None
@@ -612,6 +617,16 @@ class DockerWorkstation:
 
     # -- lifecycle --------------------------------------------------------------------------
 
+    def egress_log(self) -> list[EgressEvent]:
+        """Every request this workstation made through its egress proxy, allowed or refused.
+
+        The proxy's container writes it (size-capped by the engine, oldest events dropped
+        first); nothing inside the workstation can reach or change it.
+        """
+        if self.spec.network.mode != "egress":
+            raise InvalidInput(f"{self.name} has network mode none: nothing leaves it, no log")
+        return egress_log(self.name)
+
     def info(self) -> WorkstationInfo:
         with translate(f"inspect {self.name}"):
             attrs = client().api.inspect_container(self.id)
@@ -763,7 +778,9 @@ class DockerBackend:
                 LABEL_VOLUME: f"hybrid-{name}-workspace",
                 LABEL_BASE: base,
                 LABEL_SNAPSHOT_OF: snapshot_of or "",
-                LABEL_NETWORK: f"hybrid-{name}-net" if spec.network.mode == "egress" else "",
+                LABEL_NETWORK: (
+                    f"container:hybrid-{name}-relay" if spec.network.mode == "egress" else ""
+                ),
             }
             if api.containers(
                 all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_NAME}={name}"]}
@@ -788,7 +805,8 @@ class DockerBackend:
                     image,
                     command=["sleep", "infinity"],
                     name=f"hybrid-{name}",
-                    hostname="workstation",
+                    # A joined namespace brings its own hostname (the relay's, "workstation").
+                    hostname=None if labels[LABEL_NETWORK] else "workstation",
                     user=self.user,
                     working_dir=spec.workspace,
                     environment=_base_env(spec),
@@ -815,8 +833,11 @@ class DockerBackend:
         return ws
 
     def _egress(self, labels: dict[str, str], spec: SandboxSpec) -> None:
-        # An internal network (no route out) shared with one proxy container that also sits on
-        # the default bridge and forwards only to the allow-list.
+        # Three pieces, so the workstation reaches the proxy and nothing else: a relay container
+        # with no network (only lo) whose namespace the workstation joins, forwarding
+        # 127.0.0.1:PORT to a unix socket in a tmpfs volume; and the proxy on the default
+        # bridge serving that socket. A Docker network would give the host an address (and a
+        # default route) the workstation could use; a namespace with only lo has none.
         from hybrid.workstation import proxy
         from hybrid.workstation.images import BASE_IMAGE
 
@@ -828,39 +849,107 @@ class DockerBackend:
             LABEL_OWNER: labels[LABEL_OWNER],
             LABEL_PERSISTENT: labels[LABEL_PERSISTENT],
         }
-        api.create_network(
-            labels[LABEL_NETWORK],
-            driver="bridge",
-            internal=True,
-            labels={**owned, LABEL_KIND: "network"},
-        )
+        uid, gid = _EGRESS_USER.split(":")
+        volume = api.create_volume(
+            f"hybrid-{name}-egress",
+            driver="local",
+            driver_opts={
+                "type": "tmpfs",
+                "device": "tmpfs",
+                "o": f"uid={uid},gid={gid},mode=0700,size=64k",
+            },
+            labels={**owned, LABEL_KIND: "egress"},
+        )["Name"]
         source = Path(proxy.__file__).read_text(encoding="utf-8")
+        socket_dir = [DockerMount(proxy.SOCKET_DIR, volume, type="volume")]
+
+        def hardened(**extra: Any) -> dict[str, Any]:
+            return dict(
+                api.create_host_config(
+                    read_only=True,
+                    cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"],
+                    init=True,
+                    mounts=socket_dir,
+                    restart_policy={"Name": "unless-stopped"},
+                    **extra,
+                )
+            )
+
+        deny = self._host_addresses(source, labels[LABEL_OWNER])
         helper = api.create_container(
             BASE_IMAGE,
-            command=["python3", "-c", source],
+            command=["python3", "-c", source, "serve"],
             name=f"hybrid-{name}-proxy",
-            user=self.user,
-            environment={"HYBRID_ALLOW": json.dumps(spec.network.allow)},
+            user=_EGRESS_USER,
+            environment={
+                "HYBRID_ALLOW": json.dumps(spec.network.allow),
+                "HYBRID_DENY": json.dumps(deny),
+            },
             labels={**owned, LABEL_KIND: "proxy"},
-            host_config=api.create_host_config(
+            host_config=hardened(
                 network_mode="bridge",
+                pids_limit=64,
+                mem_limit=128 * 1024**2,
+                # The request log: the engine keeps it, capped, where the workstation cannot write.
+                log_config=LogConfig(
+                    type="json-file", config={"max-size": _EGRESS_LOG_SIZE, "max-file": "2"}
+                ),
+            ),
+        )["Id"]
+        api.start(helper)
+        relay = api.create_container(
+            BASE_IMAGE,
+            command=["python3", "-c", source, "relay"],
+            name=labels[LABEL_NETWORK].removeprefix("container:"),
+            hostname="workstation",
+            user=_EGRESS_USER,
+            labels={**owned, LABEL_KIND: "relay"},
+            network_disabled=True,
+            host_config=hardened(network_mode="none", pids_limit=32, mem_limit=64 * 1024**2),
+        )["Id"]
+        api.start(relay)
+
+    def _host_addresses(self, source: str, owner: str) -> list[str]:
+        # The proxy must refuse the host's own addresses, global ones included; only a process
+        # in the host's network namespace can list them (and this works for a remote engine).
+        from hybrid.workstation.images import BASE_IMAGE
+
+        api = client().api
+        helper = api.create_container(
+            BASE_IMAGE,
+            command=["python3", "-c", source, "addresses"],
+            user=_EGRESS_USER,
+            labels={LABEL_MANAGED: "1", LABEL_KIND: "helper", LABEL_OWNER: owner},
+            host_config=api.create_host_config(
+                network_mode="host",
                 read_only=True,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
-                pids_limit=64,
-                mem_limit=128 * 1024**2,
-                init=True,
+                pids_limit=16,
+                mem_limit=64 * 1024**2,
             ),
         )["Id"]
-        api.connect_container_to_network(helper, labels[LABEL_NETWORK], aliases=["proxy"])
-        api.start(helper)
+        try:
+            api.start(helper)
+            status = api.wait(helper, timeout=60)
+            out = api.logs(helper, stdout=True, stderr=False)
+            if status.get("StatusCode") != 0:
+                raise WorkstationError("could not list the host's addresses for the egress proxy")
+            return [str(a) for a in json.loads(out)]
+        finally:
+            with contextlib.suppress(errors.DockerException):
+                api.remove_container(helper, force=True)
 
     def _remove_egress(self, name: str) -> None:
         api = client().api
+        for container in (f"hybrid-{name}-relay", f"hybrid-{name}-proxy"):
+            with contextlib.suppress(errors.DockerException):
+                api.remove_container(container, force=True)
         with contextlib.suppress(errors.DockerException):
-            api.remove_container(f"hybrid-{name}-proxy", force=True)
+            api.remove_volume(f"hybrid-{name}-egress", force=True)
         with contextlib.suppress(errors.DockerException):
-            api.remove_network(f"hybrid-{name}-net")
+            api.remove_network(f"hybrid-{name}-net")  # made by earlier versions
 
     def _host_config(
         self, spec: SandboxSpec, runtime: str, volume: str, network: str = ""
@@ -1009,6 +1098,30 @@ class DockerBackend:
             client().api.remove_image(info.image, noprune=False)
             state.forget("snapshots", info.id)
 
+    def _gc_egress(self, everything: bool, report: GcReport) -> None:
+        # A relay or proxy whose workstation is gone (a crash between removals, or a
+        # persistent workstation removed by hand) and whose maker no longer runs (it may still
+        # be creating the workstation).
+        api = client().api
+        names = {
+            (row.get("Labels") or {}).get(LABEL_NAME)
+            for row in api.containers(
+                all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_KIND}=workstation"]}
+            )
+        }
+        for kind in ("relay", "proxy"):
+            for row in api.containers(
+                all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_KIND}={kind}"]}
+            ):
+                labels = row.get("Labels") or {}
+                if labels.get(LABEL_NAME) in names and not everything:
+                    continue
+                if not everything and owner_alive(labels.get(LABEL_OWNER, "")):
+                    continue
+                with contextlib.suppress(errors.NotFound):
+                    api.remove_container(row["Id"], force=True)
+                    report.containers.append((row.get("Names") or [row["Id"][:12]])[0].lstrip("/"))
+
     def remove_container(self, container_id: str, volume: str | None) -> None:
         api = client().api
         image = None
@@ -1058,6 +1171,7 @@ class DockerBackend:
                         if labels.get(LABEL_KIND) == "workstation":
                             shown = labels.get(LABEL_NAME) or shown
                         report.containers.append(shown)
+            self._gc_egress(everything, report)
             in_use = {
                 m.get("Name")
                 for row in api.containers(all=True)
@@ -1093,12 +1207,24 @@ class DockerBackend:
         return report
 
 
+def egress_log(name: str) -> builtins.list[EgressEvent]:
+    """Every request workstation ``name``'s proxy saw, oldest first (as far as the log reaches)."""
+    with translate(f"egress log of {name}"):
+        try:
+            raw = client().api.logs(f"hybrid-{name}-proxy", stdout=True, stderr=False)
+        except errors.NotFound:
+            raise WorkstationError(
+                f"{name}: its egress proxy is gone (remove and recreate it)"
+            ) from None
+    return parse_events(raw)
+
+
 def _base_env(spec: SandboxSpec) -> dict[str, str]:
     env = {"PATH": BASE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8"}
     if spec.network.mode == "egress":
         from hybrid.workstation.proxy import PORT
 
-        url = f"http://proxy:{PORT}"
+        url = f"http://127.0.0.1:{PORT}"
         for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             env[key] = url
         env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1"
@@ -1124,7 +1250,16 @@ def _info(attrs: dict[str, Any]) -> WorkstationInfo:
         created=attrs["Created"],
         persistent=labels.get(LABEL_PERSISTENT) == "1",
         snapshot_of=labels.get(LABEL_SNAPSHOT_OF) or None,
+        egress_events=_egress_count(labels),
     )
+
+
+def _egress_count(labels: dict[str, str]) -> int | None:
+    if not labels.get(LABEL_NETWORK):
+        return None
+    with contextlib.suppress(WorkstationError, EngineUnavailable):
+        return len(egress_log(labels.get(LABEL_NAME, "")))
+    return None
 
 
 def _snapshot_info(name: str, attrs: dict[str, Any]) -> SnapshotInfo:
