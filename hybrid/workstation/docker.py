@@ -50,6 +50,7 @@ from hybrid.errors import (
 )
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
+from hybrid.workstation import disk
 from hybrid.workstation.base import (
     GcReport,
     OutputCallback,
@@ -72,6 +73,7 @@ LABEL_SNAPSHOT_OF = "hybrid.snapshot-of"
 LABEL_SOURCE = "hybrid.source"
 LABEL_EPHEMERAL = "hybrid.ephemeral"
 LABEL_NETWORK = "hybrid.network"
+LABEL_DISK = "hybrid.disk"
 
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
@@ -286,6 +288,7 @@ class DockerWorkstation:
         termination, exit_code, detail = self._classify(
             exec_id, supervisor, start, deadline, bytes(err)
         )
+        termination, detail = self._disk_limit(termination, detail, bytes(err))
         if termination in (Termination.OK, Termination.NONZERO_EXIT) and (
             cut["stdout"] or cut["stderr"]
         ):
@@ -347,6 +350,14 @@ class DockerWorkstation:
             if code is None:
                 return Termination.ERROR, None, "the engine lost the process"
             return Termination.NONZERO_EXIT, code, f"exit status {code}"
+
+    def _disk_limit(
+        self, termination: Termination, detail: str, err: bytes
+    ) -> tuple[Termination, str]:
+        # A full workspace fails writes with ENOSPC: the command exits non-zero, and this says why.
+        cap = self.spec.budget.disk_for(self.tier)
+        mount = self._container.labels.get(LABEL_DISK)
+        return disk.classify(mount, cap, termination, detail, err)
 
     def _oom_since(self, start: float) -> bool:
         # The kernel's OOM notice can trail the SIGKILL by a moment: look twice.
@@ -761,10 +772,7 @@ class DockerBackend:
                 raise WorkstationError(
                     f"a workstation named {name} exists; pick another name or remove it"
                 )
-            volume = api.create_volume(
-                labels[LABEL_VOLUME],
-                labels={LABEL_MANAGED: "1", LABEL_KIND: "workspace", LABEL_NAME: name},
-            )["Name"]
+            volume, labels[LABEL_DISK] = self._workspace_volume(labels, spec, tier)
             container_id = None
             try:
                 if labels[LABEL_NETWORK]:
@@ -793,6 +801,7 @@ class DockerBackend:
                         api.remove_container(container_id, force=True)
                 with contextlib.suppress(errors.DockerException):
                     api.remove_volume(volume, force=True)
+                disk.drop(Path(labels[LABEL_DISK]))
                 self._remove_egress(name)
                 raise
             ws = DockerWorkstation(client().containers.get(container_id), self)
@@ -803,6 +812,28 @@ class DockerBackend:
                 ws.remove()
                 raise
         return ws
+
+    def _workspace_volume(
+        self, labels: dict[str, str], spec: SandboxSpec, tier: str
+    ) -> tuple[str, str]:
+        """The workspace volume, bound to a size-capped mount (see disk.py): (volume, mount)."""
+        name = labels[LABEL_VOLUME]
+        mount = disk.create(name, spec.budget.disk_for(tier), labels[LABEL_OWNER])
+        try:
+            created = client().api.create_volume(
+                name,
+                driver="local",
+                driver_opts=disk.volume_options(mount),
+                labels={
+                    LABEL_MANAGED: "1",
+                    LABEL_KIND: "workspace",
+                    LABEL_NAME: labels[LABEL_NAME],
+                },
+            )["Name"]
+        except BaseException:
+            disk.drop(mount)
+            raise
+        return str(created), str(mount)
 
     def _egress(self, labels: dict[str, str], spec: SandboxSpec) -> None:
         # An internal network (no route out) shared with one proxy container that also sits on
@@ -1004,8 +1035,7 @@ class DockerBackend:
         if labels.get(LABEL_NETWORK):
             self._remove_egress(labels[LABEL_NAME])
         if volume:
-            with translate("remove workspace volume"), contextlib.suppress(errors.NotFound):
-                api.remove_volume(volume, force=True)
+            _remove_volume(volume)
         if image and image.startswith(f"{SNAPSHOT_REPOSITORY}:"):
             self._drop_if_ephemeral(image)
 
@@ -1047,8 +1077,9 @@ class DockerBackend:
             for volume in api.volumes(filters={"label": f"{LABEL_MANAGED}=1"}).get("Volumes") or []:
                 if volume["Name"] not in in_use:
                     with contextlib.suppress(errors.NotFound):
-                        api.remove_volume(volume["Name"], force=True)
+                        _remove_volume(volume["Name"])
                         report.volumes.append(volume["Name"])
+            disk_gc(api)
             for network in api.networks(filters={"label": f"{LABEL_MANAGED}=1"}):
                 attached = api.inspect_network(network["Id"]).get("Containers") or {}
                 if not attached:
@@ -1068,6 +1099,31 @@ class DockerBackend:
                         api.remove_image(row["Id"], force=True)
                         report.images.append(labels.get(LABEL_SNAPSHOT) or row["Id"][7:19])
         return report
+
+
+def _remove_volume(volume: str) -> None:
+    """Remove a workspace volume and then the disk image its mount holds."""
+    api = client().api
+    with translate("remove workspace volume"):
+        try:
+            mount = disk.mount_of(api.inspect_volume(volume))
+        except errors.NotFound:
+            return
+        with contextlib.suppress(errors.NotFound):
+            api.remove_volume(volume, force=True)
+    if mount is not None:
+        disk.drop(mount)
+
+
+def disk_gc(api: Any) -> None:
+    """Drop workspace disks no volume binds whose creator died (a client killed mid-create)."""
+    bound = {
+        str(disk.mount_of(v))
+        for v in api.volumes(filters={"label": f"{LABEL_MANAGED}=1"}).get("Volumes") or []
+    }
+    for mount in disk.orphans(owner_alive):
+        if str(mount) not in bound:
+            disk.drop(mount)
 
 
 def _base_env(spec: SandboxSpec) -> dict[str, str]:
