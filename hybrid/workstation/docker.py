@@ -39,6 +39,7 @@ from typing import Any, Self
 
 import docker
 from docker import errors
+from docker.types import DriverConfig
 from docker.types import Mount as DockerMount
 
 from hybrid.errors import (
@@ -828,6 +829,7 @@ class DockerBackend:
                     LABEL_MANAGED: "1",
                     LABEL_KIND: "workspace",
                     LABEL_NAME: labels[LABEL_NAME],
+                    LABEL_OWNER: labels[LABEL_OWNER],  # gc leaves a live create's volume alone
                 },
             )["Name"]
         except BaseException:
@@ -887,7 +889,7 @@ class DockerBackend:
         self, spec: SandboxSpec, runtime: str, volume: str, network: str = ""
     ) -> dict[str, Any]:
         budget = spec.budget
-        mounts = [DockerMount(spec.workspace, volume, type="volume")]
+        mounts = [_workspace_mount(spec.workspace, volume)]
         mounts += [
             DockerMount(
                 m.target,
@@ -934,7 +936,7 @@ class DockerBackend:
                 cap_drop=["ALL"],
                 cap_add=["CHOWN"],
                 security_opt=["no-new-privileges"],
-                mounts=[DockerMount(spec.workspace, volume, type="volume")],
+                mounts=[_workspace_mount(spec.workspace, volume)],
             ),
         )["Id"]
         try:
@@ -1075,8 +1077,10 @@ class DockerBackend:
                 if m.get("Type") == "volume"
             }
             for volume in api.volumes(filters={"label": f"{LABEL_MANAGED}=1"}).get("Volumes") or []:
-                if volume["Name"] not in in_use:
-                    with contextlib.suppress(errors.NotFound):
+                creating = owner_alive((volume.get("Labels") or {}).get(LABEL_OWNER, ""))
+                if volume["Name"] not in in_use and not creating:
+                    # A container may take it between the listing and here: then it stays.
+                    with contextlib.suppress(WorkstationError):
                         _remove_volume(volume["Name"])
                         report.volumes.append(volume["Name"])
             disk_gc(api)
@@ -1099,6 +1103,13 @@ class DockerBackend:
                         api.remove_image(row["Id"], force=True)
                         report.images.append(labels.get(LABEL_SNAPSHOT) or row["Id"][7:19])
         return report
+
+
+def _workspace_mount(target: str, volume: str) -> DockerMount:
+    # The volume's own options repeated: if it vanished before the container is made (a
+    # concurrent gc), the engine re-creates it bound to the same capped mount, never a plain one.
+    options = client().api.inspect_volume(volume).get("Options") or None
+    return DockerMount(target, volume, type="volume", driver_config=DriverConfig("local", options))
 
 
 def _remove_volume(volume: str) -> None:
