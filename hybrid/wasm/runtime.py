@@ -82,7 +82,8 @@ def scratch_capped() -> bool:
     global _can_mount
     if _can_mount is None:
         probe = _tmpfs(_PAGE * 16)
-        _can_mount = probe is not None
+        # The guest's preopen reaches the detached tmpfs through /proc/self/fd.
+        _can_mount = probe is not None and os.path.isdir(f"/proc/self/fd/{probe}")
         if probe is not None:
             os.close(probe)
     return _can_mount
