@@ -43,11 +43,13 @@ def root() -> Path:
     return state_dir("workspaces")
 
 
-def create(volume: str, size: int, made_by: str) -> Path:
+def create(volume: str, size: int, made_by: str, alive: Callable[[str], bool]) -> Path:
     """Format and mount a ``size``-byte workspace for ``volume``; return the mount point.
 
-    Raises InvalidInput for a size below MIN_SIZE and EngineUnavailable where the host cannot
-    loop-mount (not root, no mkfs.ext4); nothing is left behind on failure.
+    ``made_by`` is the creating process (``alive(made_by)`` says whether it still runs): a
+    leftover of a dead creator under the same name is dropped first. Raises InvalidInput for a
+    size below MIN_SIZE and EngineUnavailable where the host cannot loop-mount (not root, no
+    mkfs.ext4); nothing is left behind on failure.
     """
     if size < MIN_SIZE:
         raise InvalidInput(
@@ -58,7 +60,16 @@ def create(volume: str, size: int, made_by: str) -> Path:
             "a size-capped workspace needs root on the engine's host (it loop-mounts an ext4 image)"
         )
     home = root() / volume
-    home.mkdir(mode=0o700)
+    try:
+        home.mkdir(mode=0o700)
+    except FileExistsError:
+        owner = _owner(home)
+        if owner and alive(owner):
+            raise WorkstationError(
+                f"{volume}: another process is creating this workspace"
+            ) from None
+        drop(home / _MOUNT)
+        home.mkdir(mode=0o700)
     try:
         (home / _OWNER).write_text(made_by)
         image, mount = home / _IMAGE, home / _MOUNT
@@ -113,10 +124,7 @@ def orphans(alive: Callable[[str], bool]) -> list[Path]:
     found = []
     with contextlib.suppress(OSError):
         for home in root().iterdir():
-            try:
-                owner = (home / _OWNER).read_text()
-            except OSError:
-                owner = ""
+            owner = _owner(home)
             if not (owner and alive(owner)):
                 found.append(home / _MOUNT)
     return found
@@ -157,6 +165,13 @@ def classify(
             f"/tmp (a tmpfs of min(memory, 1G)) is full; {raise_it}, or budget.memory for /tmp",
         )
     return termination, detail
+
+
+def _owner(home: Path) -> str:
+    try:
+        return (home / _OWNER).read_text()
+    except OSError:
+        return ""
 
 
 def _run(argv: list[str]) -> None:

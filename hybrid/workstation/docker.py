@@ -1,6 +1,7 @@
 """Docker backend (runc or runsc): hardened workstations over the docker SDK.
 
-Every workstation is one container plus one named volume (its workspace). The root is
+Every workstation is one container plus one named volume (its workspace, capped at
+``budget.disk`` by the loop-mounted image behind it: see disk.py). The root is
 read-only, /tmp is a tmpfs, capabilities are all dropped, no-new-privileges is set, pids,
 memory and CPU are capped, the network is none and only allow-listed variables are set. The
 repository goes in as a copy (put_archive), never a bind mount. All state lives in the
@@ -819,7 +820,7 @@ class DockerBackend:
     ) -> tuple[str, str]:
         """The workspace volume, bound to a size-capped mount (see disk.py): (volume, mount)."""
         name = labels[LABEL_VOLUME]
-        mount = disk.create(name, spec.budget.disk_for(tier), labels[LABEL_OWNER])
+        mount = disk.create(name, spec.budget.disk_for(tier), labels[LABEL_OWNER], owner_alive)
         try:
             created = client().api.create_volume(
                 name,

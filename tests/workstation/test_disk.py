@@ -171,7 +171,7 @@ def test_gc_drops_an_image_whose_volume_was_never_made(engine):
     """A client killed between formatting the image and creating the volume."""
     volume = f"hybrid-disk-orphan-{os.getpid()}-workspace"
     dead = f"{socket.gethostname()}:1:0"  # pid 1 did not start at tick 0: not alive
-    disk.create(volume, 16 * 1024**2, dead)
+    disk.create(volume, 16 * 1024**2, dead, lambda owner: False)
     assert _leftovers(f"disk-orphan-{os.getpid()}")
     engine.gc()
     assert _leftovers(f"disk-orphan-{os.getpid()}") == []
@@ -182,3 +182,12 @@ def test_workspace_below_the_minimum_is_refused(engine, make_spec):
 
     with pytest.raises(InvalidInput, match=r"budget\.disk: 1M is below"):
         engine.create(make_spec("docker", disk="1M"))
+
+
+def test_a_dead_creators_leftover_does_not_block_the_name(engine, make_spec):
+    name = f"disk-again-{os.getpid()}"
+    dead = f"{socket.gethostname()}:1:0"
+    disk.create(f"hybrid-{name}-workspace", 16 * 1024**2, dead, lambda owner: False)
+    with engine.create(make_spec("docker", disk="16M"), name=name) as ws:
+        assert ws.exec("df -k . | tail -1").ok
+    assert _leftovers(name) == []
