@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from hybrid.errors import (
     ContextError,
+    DiskLimit,
     EngineUnavailable,
     ExecTimeout,
     ExecutionError,
@@ -124,6 +125,7 @@ __all__ = [
     "ContextError",
     "ContextPack",
     "CsvReport",
+    "DiskLimit",
     "EngineUnavailable",
     "Environment",
     "EvalReport",

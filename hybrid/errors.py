@@ -12,7 +12,8 @@ Every error a user can act on is a ``HybridError`` and carries the CLI exit code
     ├── ExecutionError (4)             a run ended abnormally (raised by ExecutionResult.raise_for_termination)
     │   ├── ExecTimeout                also a TimeoutError
     │   ├── OutOfFuel
-    │   └── OutOfMemory                also a MemoryError
+    │   ├── OutOfMemory                also a MemoryError
+    │   └── DiskLimit                  the writable area hit its disk cap
     ├── EngineUnavailable (5)          a tier's engine (Docker, gVisor, a toolchain) is missing here
     ├── WorkstationError (6)           a workstation operation failed
     │   └── WorkstationNotFound        also a LookupError
@@ -91,6 +92,10 @@ class OutOfMemory(ExecutionError, MemoryError):
     """The run hit its memory cap."""
 
 
+class DiskLimit(ExecutionError):
+    """The run filled its workspace or scratch directory up to the disk cap (``budget.disk``)."""
+
+
 class EngineUnavailable(HybridError):
     """A tier's engine is not usable on this host; the message says how to enable it."""
 
@@ -115,6 +120,7 @@ class ContextError(HybridError):
 
 __all__ = [
     "ContextError",
+    "DiskLimit",
     "EngineUnavailable",
     "ExecTimeout",
     "ExecutionError",

@@ -75,6 +75,27 @@ class Budget(_Strict):
     output_bytes: Size = Field(
         1024**2, gt=0, description="Bytes kept of each of stdout and stderr."
     )
+    disk: Size | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Bytes the writable area may hold (accepts 64M, 2G); unset means the tier's default: "
+            "2 GiB for a process tier's workspace, 64 MiB for a WASM scratch directory."
+        ),
+    )
+
+    def disk_for(self, tier: str) -> int:
+        """The disk cap in bytes on ``tier``: ``disk`` when set, else the tier's default."""
+        if self.disk is not None:
+            return self.disk
+        return DEFAULT_WASM_DISK if tier in ("wasm", "python-wasm") else DEFAULT_DISK
+
+
+DEFAULT_DISK = 2 * 1024**3
+"""Workspace cap of a process tier (docker, gvisor) when ``Budget.disk`` is unset."""
+
+DEFAULT_WASM_DISK = 64 * 1024**2
+"""Scratch-directory cap of the WASM tiers when ``Budget.disk`` is unset."""
 
 
 class Mount(_Strict):
@@ -162,6 +183,10 @@ class SandboxSpec(_Strict):
         data = self.model_dump(mode="json")
         for key in ("memory", "output_bytes"):
             data["budget"][key] = format_size(data["budget"][key])
+        if data["budget"]["disk"] is None:
+            del data["budget"]["disk"]  # TOML has no null: unset means the tier's default
+        else:
+            data["budget"]["disk"] = format_size(data["budget"]["disk"])
         return tomli_w.dumps(data)
 
 
@@ -176,6 +201,7 @@ class TierLimits:
     cpus: float
     output_bytes: int
     network: bool
+    disk: int
 
 
 def _host_memory() -> int:
@@ -185,13 +211,30 @@ def _host_memory() -> int:
         return 4 * 1024**3
 
 
+@functools.cache
+def _host_disk() -> int:
+    # The workspace images are sparse files on the filesystem that holds the home directory
+    # (where the state directory is): a cap beyond its size could never be honoured.
+    try:
+        stat = os.statvfs(os.path.expanduser("~"))
+        return stat.f_frsize * stat.f_blocks
+    except OSError:
+        return 64 * 1024**3
+
+
+WASM_DISK_MAX = 1024**3
+"""The largest WASM scratch cap: the scratch is a RAM-backed tmpfs where mounting is possible."""
+
+
 def tier_limits(tier: str) -> TierLimits:
     """Maximum budgets for a tier on this host (wasm32 caps memory at 4 GiB)."""
     cpus = float(os.cpu_count() or 1)
     if tier in ("wasm", "python-wasm"):
-        return TierLimits(600, 4 * 1024**3, 10**13, None, 1.0, 64 * 1024**2, False)
+        return TierLimits(600, 4 * 1024**3, 10**13, None, 1.0, 64 * 1024**2, False, WASM_DISK_MAX)
     if tier in ("docker", "gvisor"):
-        return TierLimits(24 * 3600, _host_memory(), None, 32768, cpus, 64 * 1024**2, True)
+        return TierLimits(
+            24 * 3600, _host_memory(), None, 32768, cpus, 64 * 1024**2, True, _host_disk()
+        )
     raise PolicyError(f"unknown tier {tier!r} (use wasm, python-wasm, docker or gvisor)")
 
 
@@ -312,11 +355,12 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
         ("pids", budget.pids, [lim.pids for lim in limits]),
         ("cpus", budget.cpus, [lim.cpus for lim in limits]),
         ("output_bytes", budget.output_bytes, [lim.output_bytes for lim in limits]),
+        ("disk", budget.disk, [lim.disk for lim in limits]),
     )
     for name, value, maxima in checks:
         applicable = [m for m in maxima if m is not None]
-        if applicable and value > max(applicable):
-            sized = name in ("memory", "output_bytes")
+        if value is not None and applicable and value > max(applicable):
+            sized = name in ("memory", "output_bytes", "disk")
             shown, top = (
                 (human_size(int(value)), human_size(int(max(applicable))))
                 if sized

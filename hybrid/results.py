@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hybrid.errors import ExecTimeout, ExecutionError, OutOfFuel, OutOfMemory
+from hybrid.errors import DiskLimit, ExecTimeout, ExecutionError, OutOfFuel, OutOfMemory
 
 
 class Termination(StrEnum):
@@ -19,6 +19,7 @@ class Termination(StrEnum):
     OUT_OF_MEMORY = "out_of_memory"
     TRAP = "trap"
     OUTPUT_LIMIT = "output_limit"
+    DISK_LIMIT = "disk_limit"
     DENIED = "denied"
     ERROR = "error"
 
@@ -83,6 +84,7 @@ class ExecutionResult(BaseModel):
             Termination.TIMEOUT: ExecTimeout,
             Termination.OUT_OF_FUEL: OutOfFuel,
             Termination.OUT_OF_MEMORY: OutOfMemory,
+            Termination.DISK_LIMIT: DiskLimit,
         }.get(self.termination, ExecutionError)
         raise error(message, result=self)
 

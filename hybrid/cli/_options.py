@@ -19,6 +19,11 @@ _OPTIONS = {
     "pids": click.option("--pids", type=int, help="Maximum processes."),
     "cpus": click.option("--cpus", type=float, help="CPU share in cores."),
     "output_bytes": click.option("--output-bytes", help="Bytes kept of stdout and of stderr."),
+    "disk": click.option(
+        "--disk",
+        metavar="SIZE",
+        help="Disk cap of the writable area, e.g. 2G (default 2G for a workspace, 64M for WASM scratch).",
+    ),
     "allow": click.option(
         "--allow",
         multiple=True,

@@ -25,13 +25,14 @@ def container_spec(opts: dict[str, Any], tier: str = "auto") -> SandboxSpec:
         memory=opts["memory"],
         pids=opts["pids"],
         cpus=opts["cpus"],
+        disk=opts["disk"],
     )
     return (
         spec if tier == "auto" and opts["policy_file"] else spec.model_copy(update={"tier": tier})
     )
 
 
-sandbox_options = budget_options("timeout", "memory", "pids", "cpus", "allow")
+sandbox_options = budget_options("timeout", "memory", "pids", "cpus", "disk", "allow")
 """--policy, the process-tier budget options and --allow."""
 
 

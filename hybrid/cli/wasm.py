@@ -39,7 +39,7 @@ def parse_dir(value: str) -> Mount:
 @wasm.command("run", context_settings={"ignore_unknown_options": True})
 @click.argument("module", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@budget_options("fuel", "memory", "timeout")
+@budget_options("fuel", "memory", "timeout", "disk")
 @click.option(
     "--dir",
     "dirs",
@@ -65,6 +65,7 @@ def run_cmd(
     fuel: int | None,
     memory: str | None,
     timeout: float | None,
+    disk: str | None,
     dirs: tuple[str, ...],
     stdin_file: Path | None,
     env_pairs: tuple[str, ...],
@@ -74,7 +75,12 @@ def run_cmd(
     from hybrid.wasm import run
 
     spec = spec_from_options(
-        policy_file, SandboxSpec(tier="wasm"), fuel=fuel, memory=memory, timeout=timeout
+        policy_file,
+        SandboxSpec(tier="wasm"),
+        fuel=fuel,
+        memory=memory,
+        timeout=timeout,
+        disk=disk,
     )
     mounts = [*spec.mounts, *(parse_dir(d) for d in dirs)]
     env = spec.env.model_copy(deep=True)

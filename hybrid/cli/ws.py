@@ -86,7 +86,7 @@ def _up(
             )
         given = (
             opts["policy_file"]
-            or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus"))
+            or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus", "disk"))
             or opts["allow"]
             or gvisor
         )

@@ -2,17 +2,26 @@
 
 Each run gets a fresh Store (no state survives between runs), a private I/O directory for its
 stdin file and output pipes (in /dev/shm when there is one: creating and removing it there costs
-a tenth of what it does on disk), a writable scratch directory on disk preopened at the spec's
-workspace, and explicit preopens for the spec's mounts. The I/O directory is deleted on every path.
+a tenth of what it does on disk), a writable scratch directory preopened at the spec's workspace,
+and explicit preopens for the spec's mounts. The I/O directory is deleted on every path.
 The scratch directory is empty at the start of every run: whatever a guest wrote is deleted with
 its directory when the run ends; an untouched one is reused by the thread's next run, because
-removing a directory on ext4 costs a few hundred microseconds, as much as a small run itself.
-Scratch directories are removed at interpreter exit.
+making one costs as much as a small run itself. Scratch directories are removed at interpreter exit.
+
+The scratch is capped at ``budget.disk`` (default 64 MiB) by the kernel: where this process may
+mount (root), it is a private tmpfs of exactly that size (and an inode count to match), mounted,
+opened and detached at once, so it has no path, appears in no mount table and vanishes with the
+last descriptor, even if the process is killed. A write past the cap fails with ENOSPC inside the
+guest, so not one byte more is stored. Without mount rights the scratch is a plain directory whose
+size is only measured after the run (the wall clock bounds the writes): see ``scratch_capped``.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
+import ctypes.util
 import os
 import shutil
 import tempfile
@@ -25,7 +34,7 @@ import wasmtime
 
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
 from hybrid.paths import read_input
-from hybrid.policy import Mount, SandboxSpec, admit
+from hybrid.policy import Mount, SandboxSpec, admit, human_size
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.wasm import engine as _engine
 from hybrid.wasm import poll
@@ -41,25 +50,100 @@ _OOM_MARKERS = ("memory allocation of", "MemoryError", "out of memory", "Cannot 
 
 _local = threading.local()
 _scratch_dirs: set[Path] = set()
+_scratch_fds: set[int] = set()
+_MNT_DETACH = 2
+_FAILED = (Termination.NONZERO_EXIT, Termination.TRAP, Termination.ERROR)
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_can_mount: bool | None = None
 
 
-def _acquire_scratch() -> Path:
-    scratch: Path | None = getattr(_local, "scratch", None)
+class _Scratch:
+    """One scratch directory: a detached tmpfs held by ``fd`` (capped) or a plain directory."""
+
+    def __init__(self, path: str, size: int, fd: int | None) -> None:
+        self.path = path  # what the guest's workspace preopen opens
+        self.size = size
+        self.fd = fd
+
+    def entries(self) -> int | str:
+        return self.fd if self.fd is not None else self.path
+
+    def remove(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the last reference: the kernel frees the tmpfs and its pages
+            _scratch_fds.discard(self.fd)
+        else:
+            shutil.rmtree(self.path, ignore_errors=True)
+            _scratch_dirs.discard(Path(self.path))
+
+
+def scratch_capped() -> bool:
+    """Whether this process gives each run a size-capped scratch (it may mount a tmpfs)."""
+    global _can_mount
+    if _can_mount is None:
+        probe = _tmpfs(_PAGE * 16)
+        # The guest's preopen reaches the detached tmpfs through /proc/self/fd.
+        _can_mount = probe is not None and os.path.isdir(f"/proc/self/fd/{probe}")
+        if probe is not None:
+            os.close(probe)
+    return _can_mount
+
+
+def _tmpfs(size: int) -> int | None:
+    """A descriptor on a new tmpfs of ``size`` bytes that no path reaches, or None if mounting
+    is not allowed here."""
+    point = tempfile.mkdtemp(prefix="hybrid-scratch-", dir=_IO_ROOT)
+    try:
+        options = f"size={size},nr_inodes={max(1024, size // 4096)},mode=0700".encode()
+        flags = 0x2 | 0x4 | 0x8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+        if _libc.mount(b"tmpfs", point.encode(), b"tmpfs", flags, options) != 0:
+            return None
+        try:
+            return os.open(point, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        finally:
+            _libc.umount2(point.encode(), _MNT_DETACH)
+    finally:
+        os.rmdir(point)
+
+
+def _acquire_scratch(size: int) -> _Scratch:
+    scratch: _Scratch | None = getattr(_local, "scratch", None)
     _local.scratch = None  # owned by this run until released
-    if scratch is None or not scratch.is_dir():
-        scratch = Path(tempfile.mkdtemp(prefix="hybrid-run-"))
-        _scratch_dirs.add(scratch)
+    if scratch is not None and scratch.size != size:
+        scratch.remove()  # a tmpfs is sized when mounted; a clean one costs little to remake
+        scratch = None
+    if scratch is None:
+        fd = _tmpfs(size) if _can_mount is not False and scratch_capped() else None
+        if fd is not None:
+            _scratch_fds.add(fd)
+            scratch = _Scratch(f"/proc/self/fd/{fd}", size, fd)
+        else:
+            path = Path(tempfile.mkdtemp(prefix="hybrid-run-"))
+            _scratch_dirs.add(path)
+            scratch = _Scratch(str(path), size, None)
     return scratch
 
 
-def _release_scratch(scratch: Path) -> None:
-    with os.scandir(scratch) as entries:
+def _release_scratch(scratch: _Scratch) -> None:
+    with os.scandir(scratch.entries()) as entries:
         dirty = next(entries, None) is not None
     if dirty:
-        shutil.rmtree(scratch, ignore_errors=True)
-        _scratch_dirs.discard(scratch)
+        scratch.remove()
     else:
         _local.scratch = scratch
+
+
+def _scratch_full(scratch: _Scratch) -> bool:
+    """Whether a run filled its scratch to the cap (measured after it ended)."""
+    if scratch.fd is not None:
+        stat = os.fstatvfs(scratch.fd)
+        return stat.f_bavail * stat.f_frsize < _PAGE or stat.f_favail == 0
+    used = 0
+    for root, dirs, files in os.walk(scratch.path):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                used += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return used >= scratch.size
 
 
 @atexit.register
@@ -68,6 +152,10 @@ def remove_scratch_dirs() -> None:
     for scratch in list(_scratch_dirs):
         shutil.rmtree(scratch, ignore_errors=True)
         _scratch_dirs.discard(scratch)
+    for fd in list(_scratch_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        _scratch_fds.discard(fd)
     _local.scratch = None
 
 
@@ -114,7 +202,7 @@ def run(
     compiled = load_module(module)
     budget = spec.budget
     io_dir = Path(tempfile.mkdtemp(prefix="hybrid-io-", dir=_IO_ROOT))
-    scratch = _acquire_scratch()
+    scratch = _acquire_scratch(budget.disk_for("wasm"))
     pipes: tuple[OutputPipe, ...] = ()
     try:
         wasi = wasmtime.WasiConfig()
@@ -134,7 +222,7 @@ def run(
         wasi.stdout_file = str(out.path)
         wasi.stderr_file = str(err.path)
         pipes = (out, err)
-        wasi.preopen_dir(str(scratch), spec.workspace, True)
+        wasi.preopen_dir(scratch.path, spec.workspace, True)
         preopen_mounts(wasi, spec.mounts)
 
         for pipe in pipes:
@@ -199,6 +287,12 @@ def run(
             termination, detail = (
                 Termination.OUT_OF_MEMORY,
                 f"memory cap of {budget.memory} bytes reached",
+            )
+        if termination in _FAILED and _scratch_full(scratch):
+            termination, detail = (
+                Termination.DISK_LIMIT,
+                f"the scratch directory {spec.workspace} is full (cap {human_size(scratch.size)}); "
+                "raise it with budget.disk (--disk); the output so far is kept",
             )
         if stdout_cut or stderr_cut:
             termination, detail = (

@@ -1,6 +1,7 @@
 """Docker backend (runc or runsc): hardened workstations over the docker SDK.
 
-Every workstation is one container plus one named volume (its workspace). The root is
+Every workstation is one container plus one named volume (its workspace, capped at
+``budget.disk`` by the loop-mounted image behind it: see disk.py). The root is
 read-only, /tmp is a tmpfs, capabilities are all dropped, no-new-privileges is set, pids,
 memory and CPU are capped, the network is none and only allow-listed variables are set. The
 repository goes in as a copy (put_archive), never a bind mount. All state lives in the
@@ -38,7 +39,7 @@ from typing import Any, Self
 
 import docker
 from docker import errors
-from docker.types import LogConfig
+from docker.types import DriverConfig, LogConfig
 from docker.types import Mount as DockerMount
 
 from hybrid.errors import (
@@ -50,7 +51,7 @@ from hybrid.errors import (
 )
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
-from hybrid.workstation import archive, state
+from hybrid.workstation import archive, disk, state
 from hybrid.workstation.base import (
     GcReport,
     OutputCallback,
@@ -75,6 +76,7 @@ LABEL_SNAPSHOT_OF = "hybrid.snapshot-of"
 LABEL_SOURCE = "hybrid.source"
 LABEL_EPHEMERAL = "hybrid.ephemeral"
 LABEL_NETWORK = "hybrid.network"
+LABEL_DISK = "hybrid.disk"
 
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
@@ -283,6 +285,7 @@ class DockerWorkstation:
         termination, exit_code, detail = self._classify(
             exec_id, supervisor, start, deadline, bytes(err)
         )
+        termination, detail = self._disk_limit(termination, detail, bytes(err))
         if termination in (Termination.OK, Termination.NONZERO_EXIT) and (
             cut["stdout"] or cut["stderr"]
         ):
@@ -344,6 +347,14 @@ class DockerWorkstation:
             if code is None:
                 return Termination.ERROR, None, "the engine lost the process"
             return Termination.NONZERO_EXIT, code, f"exit status {code}"
+
+    def _disk_limit(
+        self, termination: Termination, detail: str, err: bytes
+    ) -> tuple[Termination, str]:
+        # A full workspace fails writes with ENOSPC: the command exits non-zero, and this says why.
+        cap = self.spec.budget.disk_for(self.tier)
+        mount = self._container.labels.get(LABEL_DISK)
+        return disk.classify(mount, cap, termination, detail, err)
 
     def _oom_since(self, start: float) -> bool:
         # The kernel's OOM notice can trail the SIGKILL by a moment: look twice.
@@ -788,10 +799,7 @@ class DockerBackend:
                 raise WorkstationError(
                     f"a workstation named {name} exists; pick another name or remove it"
                 )
-            volume = api.create_volume(
-                labels[LABEL_VOLUME],
-                labels={LABEL_MANAGED: "1", LABEL_KIND: "workspace", LABEL_NAME: name},
-            )["Name"]
+            volume, labels[LABEL_DISK] = self._workspace_volume(labels, spec, tier)
             container_id = None
             try:
                 if labels[LABEL_NETWORK]:
@@ -821,6 +829,7 @@ class DockerBackend:
                         api.remove_container(container_id, force=True)
                 with contextlib.suppress(errors.DockerException):
                     api.remove_volume(volume, force=True)
+                disk.drop(Path(labels[LABEL_DISK]))
                 self._remove_egress(name)
                 raise
             ws = DockerWorkstation(client().containers.get(container_id), self)
@@ -831,6 +840,29 @@ class DockerBackend:
                 ws.remove()
                 raise
         return ws
+
+    def _workspace_volume(
+        self, labels: dict[str, str], spec: SandboxSpec, tier: str
+    ) -> tuple[str, str]:
+        """The workspace volume, bound to a size-capped mount (see disk.py): (volume, mount)."""
+        name = labels[LABEL_VOLUME]
+        mount = disk.create(name, spec.budget.disk_for(tier), labels[LABEL_OWNER], owner_alive)
+        try:
+            created = client().api.create_volume(
+                name,
+                driver="local",
+                driver_opts=disk.volume_options(mount),
+                labels={
+                    LABEL_MANAGED: "1",
+                    LABEL_KIND: "workspace",
+                    LABEL_NAME: labels[LABEL_NAME],
+                    LABEL_OWNER: labels[LABEL_OWNER],  # gc leaves a live create's volume alone
+                },
+            )["Name"]
+        except BaseException:
+            disk.drop(mount)
+            raise
+        return str(created), str(mount)
 
     def _egress(self, labels: dict[str, str], spec: SandboxSpec) -> None:
         # Three pieces, so the workstation reaches the proxy and nothing else: a relay container
@@ -955,7 +987,7 @@ class DockerBackend:
         self, spec: SandboxSpec, runtime: str, volume: str, network: str = ""
     ) -> dict[str, Any]:
         budget = spec.budget
-        mounts = [DockerMount(spec.workspace, volume, type="volume")]
+        mounts = [_workspace_mount(spec.workspace, volume)]
         mounts += [
             DockerMount(
                 m.target,
@@ -1002,7 +1034,7 @@ class DockerBackend:
                 cap_drop=["ALL"],
                 cap_add=["CHOWN"],
                 security_opt=["no-new-privileges"],
-                mounts=[DockerMount(spec.workspace, volume, type="volume")],
+                mounts=[_workspace_mount(spec.workspace, volume)],
             ),
         )["Id"]
         try:
@@ -1134,8 +1166,7 @@ class DockerBackend:
         if labels.get(LABEL_NETWORK):
             self._remove_egress(labels[LABEL_NAME])
         if volume:
-            with translate("remove workspace volume"), contextlib.suppress(errors.NotFound):
-                api.remove_volume(volume, force=True)
+            _remove_volume(volume)
         state.forget("workstations", container_id)
         if image and image.startswith(f"{SNAPSHOT_REPOSITORY}:"):
             self._drop_if_ephemeral(image)
@@ -1179,10 +1210,13 @@ class DockerBackend:
                 if m.get("Type") == "volume"
             }
             for volume in api.volumes(filters={"label": f"{LABEL_MANAGED}=1"}).get("Volumes") or []:
-                if volume["Name"] not in in_use:
-                    with contextlib.suppress(errors.NotFound):
-                        api.remove_volume(volume["Name"], force=True)
+                creating = owner_alive((volume.get("Labels") or {}).get(LABEL_OWNER, ""))
+                if volume["Name"] not in in_use and not creating:
+                    # A container may take it between the listing and here: then it stays.
+                    with contextlib.suppress(WorkstationError):
+                        _remove_volume(volume["Name"])
                         report.volumes.append(volume["Name"])
+            disk_gc(api)
             for network in api.networks(filters={"label": f"{LABEL_MANAGED}=1"}):
                 attached = api.inspect_network(network["Id"]).get("Containers") or {}
                 if not attached:
@@ -1217,6 +1251,38 @@ def egress_log(name: str) -> builtins.list[EgressEvent]:
                 f"{name}: its egress proxy is gone (remove and recreate it)"
             ) from None
     return parse_events(raw)
+
+
+def _workspace_mount(target: str, volume: str) -> DockerMount:
+    # The volume's own options repeated: if it vanished before the container is made (a
+    # concurrent gc), the engine re-creates it bound to the same capped mount, never a plain one.
+    options = client().api.inspect_volume(volume).get("Options") or None
+    return DockerMount(target, volume, type="volume", driver_config=DriverConfig("local", options))
+
+
+def _remove_volume(volume: str) -> None:
+    """Remove a workspace volume and then the disk image its mount holds."""
+    api = client().api
+    with translate("remove workspace volume"):
+        try:
+            mount = disk.mount_of(api.inspect_volume(volume))
+        except errors.NotFound:
+            return
+        with contextlib.suppress(errors.NotFound):
+            api.remove_volume(volume, force=True)
+    if mount is not None:
+        disk.drop(mount)
+
+
+def disk_gc(api: Any) -> None:
+    """Drop workspace disks no volume binds whose creator died (a client killed mid-create)."""
+    bound = {
+        str(disk.mount_of(v))
+        for v in api.volumes(filters={"label": f"{LABEL_MANAGED}=1"}).get("Volumes") or []
+    }
+    for mount in disk.orphans(owner_alive):
+        if str(mount) not in bound:
+            disk.drop(mount)
 
 
 def _base_env(spec: SandboxSpec) -> dict[str, str]:

@@ -113,6 +113,12 @@ def test_wasm_run_timeout_exit_code() -> None:
             ["wasm", "run", str(DATA / "hello.wat"), "--fuel", "0"],
             "--fuel: Input should be greater than 0",
         ),
+        (["wasm", "run", str(DATA / "hello.wat"), "--disk", "lots"], "--disk: not a size"),
+        (
+            ["wasm", "run", str(DATA / "hello.wat"), "--disk", "8G"],
+            "budget.disk: 8G is above the wasm tier's maximum of 1G",
+        ),
+        (["run", "--tier", "docker", "--disk", "0", "--", "true"], "--disk: Input should be"),
     ],
 )
 def test_bad_input_gives_one_line_and_nonzero_exit(

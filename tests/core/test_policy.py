@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 
 from hybrid import PolicyError, PolicyViolation, SandboxSpec, admit, enforce
-from hybrid.policy import Budget, Mount, parse_size
+from hybrid.policy import (
+    DEFAULT_DISK,
+    DEFAULT_WASM_DISK,
+    WASM_DISK_MAX,
+    Budget,
+    Mount,
+    parse_size,
+    tier_limits,
+)
 
 
 def test_defaults_are_admitted_and_deny_by_default() -> None:
@@ -128,3 +136,43 @@ def test_malformed_policy_names_the_field(tmp_path: Path, content: str, message:
 def test_missing_policy_file(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="no such policy file"):
         SandboxSpec.from_toml(tmp_path / "absent.toml")
+
+
+def test_disk_defaults_per_tier() -> None:
+    budget = Budget()
+    assert budget.disk is None
+    assert DEFAULT_DISK == 2 * 1024**3 and DEFAULT_WASM_DISK == 64 * 1024**2
+    for tier in ("docker", "gvisor"):
+        assert budget.disk_for(tier) == DEFAULT_DISK
+    for tier in ("wasm", "python-wasm"):
+        assert budget.disk_for(tier) == DEFAULT_WASM_DISK
+    assert Budget(disk="100M").disk_for("docker") == 100 * 1024**2
+    assert Budget(disk="100M").disk_for("wasm") == 100 * 1024**2
+    for bad in (0, -1, "lots"):
+        with pytest.raises(ValueError):
+            Budget(disk=bad)
+
+
+def test_disk_round_trips_through_toml(tmp_path: Path) -> None:
+    path = tmp_path / "spec.toml"
+    sized = SandboxSpec(budget=Budget(disk="3G"))
+    path.write_text(sized.to_toml())
+    assert 'disk = "3G"' in path.read_text()
+    assert SandboxSpec.from_toml(path) == sized
+    default = SandboxSpec()
+    path.write_text(default.to_toml())  # unset: no key at all (TOML has no null)
+    assert "disk" not in path.read_text()
+    assert SandboxSpec.from_toml(path).budget.disk is None
+
+
+def test_disk_maximum_per_tier() -> None:
+    assert tier_limits("wasm").disk == tier_limits("python-wasm").disk == WASM_DISK_MAX
+    host = tier_limits("docker").disk
+    assert host == tier_limits("gvisor").disk and host > DEFAULT_DISK
+    big = SandboxSpec(budget=Budget(disk="2G"))
+    assert admit(big, "docker") == [] and admit(big, "gvisor") == []
+    assert admit(big, "wasm") == ["budget.disk: 2G is above the wasm tier's maximum of 1G"]
+    assert admit(big, "python-wasm")
+    huge = SandboxSpec(budget=Budget(disk=host + 1))
+    assert any("budget.disk" in v and "docker tier's maximum" in v for v in admit(huge, "docker"))
+    assert admit(SandboxSpec(), "wasm") == [] and admit(SandboxSpec(), "docker") == []

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid import (
+    DiskLimit,
     ExecTimeout,
     ExecutionError,
     ExecutionResult,
@@ -53,6 +54,7 @@ def test_ok_needs_every_test_to_pass() -> None:
         (Termination.TIMEOUT, ExecTimeout),
         (Termination.OUT_OF_FUEL, OutOfFuel),
         (Termination.OUT_OF_MEMORY, OutOfMemory),
+        (Termination.DISK_LIMIT, DiskLimit),
         (Termination.TRAP, ExecutionError),
     ],
 )

@@ -65,6 +65,31 @@ fn main() {
                     out.write_all(b"\n").unwrap();
                 }
             }
+            "fill" => {
+                // Write 1 MiB blocks to `arg` (up to 256 MiB); report how far it got.
+                let block = vec![7u8; 1 << 20];
+                let mut file = std::fs::File::create(arg).unwrap();
+                let mut written = 0;
+                while written < 256 {
+                    if let Err(e) = file.write_all(&block) {
+                        println!("fill stopped after {} MiB: {}", written, e);
+                        std::process::exit(1);
+                    }
+                    written += 1;
+                }
+                println!("fill wrote {} MiB", written);
+            }
+            "files" => {
+                // Create up to 50000 files of 4 KiB in directory `arg`; report how many.
+                let block = [1u8; 4096];
+                for n in 0..50000 {
+                    if let Err(e) = std::fs::write(format!("{}/f{}", arg, n), &block[..]) {
+                        println!("files stopped after {}: {}", n, e);
+                        std::process::exit(1);
+                    }
+                }
+                println!("files wrote 50000");
+            }
             "exit" => std::process::exit(arg.parse().unwrap()),
             other => {
                 eprintln!("unknown op {}", other);

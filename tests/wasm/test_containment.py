@@ -220,3 +220,42 @@ def test_nothing_left_after_the_process_exits(probe: Path, tmp_path: Path) -> No
     env = {**os.environ, "TMPDIR": str(private)}
     subprocess.run([sys.executable, "-c", code, str(probe)], check=True, env=env, timeout=60)
     assert list(private.iterdir()) == []
+
+
+def test_scratch_fill_stops_at_the_disk_cap(probe: Path) -> None:
+    """A guest writing 256 MiB into its scratch stops at the 64 MiB default cap, with its output."""
+    from hybrid.wasm.runtime import scratch_capped
+
+    assert scratch_capped(), "the scratch cap needs mount rights (run as root)"
+    result = run(probe, ["write", "/workspace/keep", "fill", "/workspace/big"])
+    assert result.termination is Termination.DISK_LIMIT, result
+    assert result.exit_code == 1
+    assert "budget.disk" in result.detail and "64M" in result.detail
+    lines = result.stdout.splitlines()
+    assert lines[0] == "write ok"  # partial output is kept
+    stopped = int(lines[1].split()[3])
+    assert lines[1].startswith("fill stopped after") and 56 <= stopped < 64, lines
+
+
+def test_many_small_files_stop_at_the_disk_cap(probe: Path) -> None:
+    result = run(probe, ["files", "/workspace"], spec=spec(disk="8M"))
+    assert result.termination is Termination.DISK_LIMIT, result
+    made = int(result.stdout.split()[3].rstrip(":"))
+    assert 1000 < made <= 2048, result.stdout  # 8 MiB of 4 KiB files, or the inodes to match
+
+
+def test_a_larger_disk_cap_is_honoured(probe: Path) -> None:
+    result = run(probe, ["fill", "/workspace/big"], spec=spec(disk="300M", wall_seconds=30))
+    assert result.termination is Termination.OK, result
+    assert result.stdout.strip() == "fill wrote 256 MiB"
+    capped = run(probe, ["fill", "/workspace/big"], spec=spec(disk="16M"))
+    assert capped.termination is Termination.DISK_LIMIT
+    assert "16M" in capped.detail
+
+
+def test_full_scratch_is_gone_after_the_run(probe: Path) -> None:
+    """The filled tmpfs is released with the run: the next run starts empty, nothing is mounted."""
+    run(probe, ["fill", "/workspace/big"])
+    assert "hybrid-scratch" not in Path("/proc/self/mountinfo").read_text()
+    again = run(probe, ["list", "/workspace"])
+    assert again.stdout.strip() == "list ok:"
