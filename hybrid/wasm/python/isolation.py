@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hybrid.errors import EngineUnavailable, HybridError, PolicyViolation
+from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult, Termination, Usage
 
 REPLY_GRACE = 1.5
@@ -40,6 +41,9 @@ START_TIMEOUT = 1200.0
 
 IDLE_WORKERS = 4
 """Idle workers kept for reuse; more are closed when they finish."""
+
+CLOSE_WAIT = 2.0
+"""Seconds a closed idle worker has to exit on its own before it is killed."""
 
 
 class _Worker:
@@ -64,6 +68,8 @@ class _Worker:
                 pass_fds=(from_parent, to_parent),
                 stdin=subprocess.DEVNULL,
                 env=env,
+                # Not in the terminal's process group: Ctrl-C reaches the parent, which kills us.
+                start_new_session=True,
             )
         except OSError as exc:
             for fd in (to_worker, from_worker):
@@ -112,6 +118,10 @@ class _Worker:
     def close(self) -> None:
         """Let an idle worker finish: end of input makes it exit and remove its own files."""
         self._close_pipes()
+        try:
+            self.process.wait(CLOSE_WAIT)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
     def _close_pipes(self) -> None:
         for conn in (self._send, self._recv):
@@ -163,7 +173,7 @@ def idle_workers() -> int:
 
 def run(request: dict[str, Any], wall_seconds: float, backstop: float) -> ExecutionResult:
     """Run one ``run_python`` request (its keyword arguments) in a worker process."""
-    request = _absolute_files(request)
+    request = _for_worker(request)
     worker = _POOL.take()
     try:
         worker.started()
@@ -204,16 +214,28 @@ def _ended(termination: Termination, detail: str, wall_ms: float = 0.0) -> Execu
     )
 
 
-def _absolute_files(request: dict[str, Any]) -> dict[str, Any]:
-    # The worker's working directory is the parent's at spawn time, not necessarily now.
+def _for_worker(request: dict[str, Any]) -> dict[str, Any]:
+    """The request as the worker must see it: it was started earlier, maybe elsewhere.
+
+    Its working directory and environment are the parent's at spawn time, so relative paths
+    become absolute here and inherited variables are read here, now (as an in-process run did).
+    """
+    spec: SandboxSpec = request["spec"]
+    env = spec.env
+    if env.inherit:
+        env = env.model_copy(update={"set": env.resolve(), "inherit": []})
+    mounts = [
+        m.model_copy(update={"source": m.source.expanduser().absolute()}) for m in spec.mounts
+    ]
+    fixed = {**request, "spec": spec.model_copy(update={"env": env, "mounts": mounts})}
     files = request.get("files")
-    if not files:
-        return request
-    if isinstance(files, Mapping):
-        fixed: Any = {k: Path(v).absolute() if isinstance(v, Path) else v for k, v in files.items()}
-    else:
-        fixed = [Path(p).absolute() for p in files]
-    return {**request, "files": fixed}
+    if files and isinstance(files, Mapping):
+        fixed["files"] = {
+            k: Path(v).absolute() if isinstance(v, Path) else v for k, v in files.items()
+        }
+    elif files:
+        fixed["files"] = [Path(p).absolute() for p in files]
+    return fixed
 
 
 def _encode(exc: HybridError) -> tuple[type[HybridError], Any]:

@@ -98,6 +98,11 @@ def run_python(
     The guest runs in a worker process (isolation.py) that is killed if the guest outlives
     its deadline in a host call.
     """
+    spec = spec or DEFAULT_SPEC
+    if spec is not DEFAULT_SPEC:
+        violations = admit(spec, TIER)
+        if violations:
+            raise PolicyViolation(violations)
     if not IN_WORKER:
         from hybrid.wasm.python import isolation
 
@@ -109,13 +114,7 @@ def run_python(
             "filename": filename,
             "tests_filename": tests_filename,
         }
-        wall = (spec or DEFAULT_SPEC).budget.wall_seconds
-        return isolation.run(request, wall, BACKSTOP_SECONDS)
-    spec = spec or DEFAULT_SPEC
-    if spec is not DEFAULT_SPEC:
-        violations = admit(spec, TIER)
-        if violations:
-            raise PolicyViolation(violations)
+        return isolation.run(request, spec.budget.wall_seconds, BACKSTOP_SECONDS)
     compiled = guest.component()
     budget = spec.budget
     tests_state = None if tests is None else _TESTS.get(compiled, tests, tests_filename)
