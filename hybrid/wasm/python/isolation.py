@@ -19,6 +19,7 @@ not answer within the backstop plus ``REPLY_GRACE`` is killed the same way.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import shutil
 import subprocess
@@ -49,7 +50,7 @@ CLOSE_WAIT = 2.0
 class _Worker:
     """One worker process and the two pipes to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: int) -> None:
         from_parent, to_worker = os.pipe()  # (read end, write end)
         from_worker, to_parent = os.pipe()
         package_root = str(Path(__file__).resolve().parents[3])
@@ -61,9 +62,10 @@ class _Worker:
                     sys.executable,
                     "-c",
                     "import sys; from hybrid.wasm.python import isolation; "
-                    "isolation.serve(int(sys.argv[1]), int(sys.argv[2]))",
+                    "isolation.serve(*map(int, sys.argv[1:]))",
                     str(from_parent),
                     str(to_parent),
+                    str(index),
                 ],
                 pass_fds=(from_parent, to_parent),
                 stdin=subprocess.DEVNULL,
@@ -134,6 +136,7 @@ class _Pool:
     def __init__(self) -> None:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
+        self._started = itertools.count()
 
     def take(self) -> _Worker:
         with self._lock:
@@ -142,7 +145,7 @@ class _Pool:
                 if worker.process.poll() is None:
                     return worker
                 worker.kill()
-        return _Worker()
+        return _Worker(next(self._started))
 
     def give_back(self, worker: _Worker) -> None:
         with self._lock:
@@ -249,10 +252,13 @@ def _decode(payload: tuple[type[HybridError], Any]) -> HybridError:
     return cls(arg)
 
 
-def serve(read_fd: int, write_fd: int) -> None:
+def serve(read_fd: int, write_fd: int, index: int) -> None:
     """The worker process: load the guest, say hello, then run requests until the parent goes."""
     from hybrid.wasm.python import guest, runner
 
+    # Workers take the CPUs in turn (before any thread starts, so every thread of this one
+    # stays on its CPU), as the guest threads of one process did.
+    runner.pin(index)
     runner.IN_WORKER = True
     requests = Connection(read_fd, writable=False)
     replies = Connection(write_fd, readable=False)

@@ -106,7 +106,7 @@ def run_python(
     if not IN_WORKER:
         from hybrid.wasm.python import isolation
 
-        request = {
+        arguments = {
             "source": source,
             "tests": tests,
             "files": files,
@@ -114,7 +114,7 @@ def run_python(
             "filename": filename,
             "tests_filename": tests_filename,
         }
-        return isolation.run(request, spec.budget.wall_seconds, BACKSTOP_SECONDS)
+        return isolation.run(arguments, spec.budget.wall_seconds, BACKSTOP_SECONDS)
     compiled = guest.component()
     budget = spec.budget
     tests_state = None if tests is None else _TESTS.get(compiled, tests, tests_filename)
