@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -133,3 +135,59 @@ def test_an_unresponsive_worker_is_killed_after_the_grace(private_tmp: Path) -> 
     time.sleep(0.5)
     assert _children() < before  # the one that ran is gone
     assert _leftovers(private_tmp) == []
+
+
+def test_a_killed_caller_leaves_no_worker_or_scratch(private_tmp: Path) -> None:
+    """SIGKILL to the caller while its guest is blocked: the worker and its files go too."""
+    caller = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from hybrid.wasm.python import run_python; from hybrid.policy import *; "
+            "run_python(\"import sys; sys.modules['app']._real_sleep(60)\", "
+            "spec=SandboxSpec(tier='python-wasm', budget=Budget(wall_seconds=60)))",
+        ],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    try:
+        workers: set[int] = set()
+        end = time.monotonic() + 120
+        while not (workers and _leftovers(private_tmp)) and time.monotonic() < end:
+            assert caller.poll() is None
+            workers = _children_of(caller.pid)
+            time.sleep(0.2)
+        assert workers and _leftovers(private_tmp), "the worker never started its guest"
+        time.sleep(1.0)  # the guest is in its sleep now
+    finally:
+        caller.kill()
+        caller.wait()
+    end = time.monotonic() + 5
+    while time.monotonic() < end and (_alive(workers) or _leftovers(private_tmp)):
+        time.sleep(0.1)
+    assert not _alive(workers), "the worker outlived its caller"
+    assert _leftovers(private_tmp) == []
+
+
+def _children_of(pid: int) -> set[int]:
+    found: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        with contextlib.suppress(OSError):
+            found.update(
+                int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+            )
+    return found
+
+
+def _alive(pids: set[int]) -> bool:
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            return True
+    return False

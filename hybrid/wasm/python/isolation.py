@@ -19,12 +19,14 @@ not answer within the backstop plus ``REPLY_GRACE`` is killed the same way.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -42,6 +44,9 @@ START_TIMEOUT = 1200.0
 
 IDLE_WORKERS = 4
 """Idle workers kept for reuse; more are closed when they finish."""
+
+ORPHAN_CHECK = 0.5
+"""Seconds between a worker's checks that its parent still lives."""
 
 CLOSE_WAIT = 2.0
 """Seconds a closed idle worker has to exit on its own before it is killed."""
@@ -252,6 +257,17 @@ def _decode(payload: tuple[type[HybridError], Any]) -> HybridError:
     return cls(arg)
 
 
+def _orphaned(parent: int) -> None:
+    # A parent that dies (even by SIGKILL) must not leave its worker behind, whatever the worker
+    # is doing: loading the guest, or serving a guest blocked in a host call.
+    from hybrid.wasm.python import runner
+
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK)
+    shutil.rmtree(runner._scratch_root(), ignore_errors=True)  # no atexit after os._exit
+    os._exit(1)
+
+
 def serve(read_fd: int, write_fd: int, index: int) -> None:
     """The worker process: load the guest, say hello, then run requests until the parent goes."""
     from hybrid.wasm.python import guest, runner
@@ -260,14 +276,20 @@ def serve(read_fd: int, write_fd: int, index: int) -> None:
     # stays on its CPU), as the guest threads of one process did.
     runner.pin(index)
     runner.IN_WORKER = True
+    threading.Thread(
+        target=_orphaned, args=(os.getppid(),), name="hybrid-py-parent", daemon=True
+    ).start()
     requests = Connection(read_fd, writable=False)
     replies = Connection(write_fd, readable=False)
     try:
         guest.component()
         replies.send(("hello", str(runner._scratch_root())))
     except HybridError as exc:
-        replies.send(("error", _encode(exc)))
+        with contextlib.suppress(OSError):
+            replies.send(("error", _encode(exc)))
         return
+    except OSError:
+        return  # the parent went away while the guest loaded
     while True:
         try:
             request = requests.recv()
