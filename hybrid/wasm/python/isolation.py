@@ -73,7 +73,11 @@ class _Worker:
                     str(index),
                 ],
                 pass_fds=(from_parent, to_parent),
+                # Guest output goes through the run's pipes; the worker must not hold the
+                # caller's stdout open (a reader waiting for its end). Its stderr stays, for
+                # a crash's last words.
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 env=env,
                 # Not in the terminal's process group: Ctrl-C reaches the parent, which kills us.
                 start_new_session=True,
