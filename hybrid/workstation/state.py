@@ -78,12 +78,17 @@ def load_env(directory: Path) -> dict[str, str]:
 
 def remove(container_id: str) -> None:
     """Delete a workstation's host-side state (secret values, baseline); idempotent."""
-    shutil.rmtree(state_dir("workstations") / _key(container_id), ignore_errors=True)
+    _remove("workstations", container_id)
 
 
 def remove_snapshot(image_id: str) -> None:
     """Delete a snapshot's host-side state; idempotent."""
-    shutil.rmtree(state_dir("snapshots") / _key(image_id), ignore_errors=True)
+    _remove("snapshots", image_id)
+
+
+def _remove(kind: str, engine_id: str) -> None:
+    with contextlib.suppress(ValueError):  # not an engine id: nothing of ours is named so
+        shutil.rmtree(state_dir(kind) / _key(engine_id), ignore_errors=True)
 
 
 def _key(engine_id: str) -> str:
