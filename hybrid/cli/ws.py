@@ -152,16 +152,19 @@ def exec_(
 def shell(name: str, program: str, as_json: bool) -> None:
     """Attach a person to a running workstation (an interactive shell, same user and limits).
 
-    With --json, print the attach command instead of running it (for a terminal or tool to run).
+    With --json, print the attach command instead of running it (for a terminal or tool to run):
+    the policy's variables appear by name in "env", their values never.
     """
     workstation = _backend().open(name)
     # -t only with a terminal: piped input (a script, a test) still reaches the shell.
-    argv = workstation.attach_command(program, tty=sys.stdin.isatty() or as_json)
+    attach = workstation.attach_command(program, tty=sys.stdin.isatty() or as_json)
     if as_json:
-        emit({"name": name, "container": workstation.id, "argv": argv}, True, lambda: None)
+        # Variables appear by name only: whoever runs the argv supplies their values.
+        shown = {"name": name, "container": workstation.id, "argv": attach.argv}
+        emit({**shown, "env": sorted(attach.env)}, True, lambda: None)
         return
     sys.stdout.flush()
-    os.execv(argv[0], argv)
+    os.execve(attach.argv[0], attach.argv, {**os.environ, **attach.env})
 
 
 @ws.command("cp")

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hybrid.workstation.base import Backend, GcReport, SnapshotInfo, Workstation, WorkstationInfo
+from hybrid.workstation.base import (
+    AttachCommand,
+    Backend,
+    GcReport,
+    SnapshotInfo,
+    Workstation,
+    WorkstationInfo,
+)
 
 if TYPE_CHECKING:
     from hybrid.workstation.docker import DockerBackend, DockerWorkstation
@@ -30,6 +37,7 @@ def create(
 
 
 __all__ = [
+    "AttachCommand",
     "Backend",
     "GcReport",
     "SnapshotInfo",

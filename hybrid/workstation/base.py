@@ -10,7 +10,7 @@ import builtins
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Protocol, Self, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -52,6 +52,17 @@ class SnapshotInfo(BaseModel):
     source: str = Field(description="Name of the workstation it was taken from.")
     created: str
     size_bytes: int = 0
+
+
+class AttachCommand(NamedTuple):
+    """How a person attaches: run ``argv`` with ``env`` added to its environment.
+
+    ``argv`` names the policy's variables without values (``-e NAME``), so it can be printed or
+    logged; ``env`` holds their values (secrets included) and must never be printed.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
 
 
 class GcReport(BaseModel):
@@ -109,8 +120,8 @@ class Workstation(Protocol):
         """Every request made through the egress proxy, allowed or refused (network mode egress)."""
         ...
 
-    def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> list[str]:
-        """The argv a person runs to get a shell inside (`hybrid ws shell` execs it)."""
+    def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> AttachCommand:
+        """What a person runs to get a shell inside (`hybrid ws shell` execs it)."""
         ...
 
     def stop(self) -> None:

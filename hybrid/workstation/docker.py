@@ -4,8 +4,9 @@ Every workstation is one container plus one named volume (its workspace, capped 
 ``budget.disk`` by the loop-mounted image behind it: see disk.py). The root is
 read-only, /tmp is a tmpfs, capabilities are all dropped, no-new-privileges is set, pids,
 memory and CPU are capped, the network is none and only allow-listed variables are set. The
-repository goes in as a copy (put_archive), never a bind mount. All state lives in the
-engine's labels, so any process can find a workstation by name.
+repository goes in as a copy (put_archive), never a bind mount. All state but secrets lives
+in the engine's labels, so any process can find a workstation by name; ``env.set`` values are
+redacted there and kept host side (state.py), reaching a process only at exec time.
 
 ``network.mode = "egress"`` (runc only: runsc runs with --network=none here) puts the
 workstation in a network namespace holding only ``lo``, where 127.0.0.1:3128 leads to one proxy
@@ -53,6 +54,7 @@ from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.workstation import archive, disk, state
 from hybrid.workstation.base import (
+    AttachCommand,
     GcReport,
     OutputCallback,
     Runtime,
@@ -201,7 +203,11 @@ class DockerWorkstation:
         self._backend = backend
         self.id: str = container.id
         self.name: str = labels[LABEL_NAME]
+        # The labels' spec has its env.set values redacted; the values are in host-side state.
         self.spec: SandboxSpec = SandboxSpec.model_validate_json(labels[LABEL_SPEC])
+        self._secret_env = (
+            state.load_env(state.directory("workstations", self.id)) if self.spec.env.set else {}
+        )
         self.runtime: str = labels.get(LABEL_RUNTIME, "runc")
         self.tier: str = "gvisor" if self.runtime == "runsc" else "docker"
         self.persistent: bool = labels.get(LABEL_PERSISTENT) == "1"
@@ -385,6 +391,14 @@ class DockerWorkstation:
     def _environment(self, extra: dict[str, str] | None) -> dict[str, str]:
         env = _base_env(self.spec)
         env.update(self.spec.env.resolve())
+        missing = sorted(set(self.spec.env.set) - set(self._secret_env))
+        if missing:
+            raise WorkstationError(
+                f"{self.name}: the values of env.set {', '.join(missing)} are not on this host "
+                f"(they stay in the state directory of the user and host that created it, "
+                f"{state.path('workstations', self.id)}); recreate it with its policy here"
+            )
+        env.update(self._secret_env)
         refused = sorted(set(extra or {}) - set(self.spec.env.allow))
         if refused:
             raise PolicyViolation(
@@ -570,15 +584,18 @@ class DockerWorkstation:
                     LABEL_OWNER: "",
                     LABEL_SNAPSHOT: name,
                     LABEL_SOURCE: self.name,
-                    LABEL_SPEC: self.spec.model_dump_json(),
+                    LABEL_SPEC: self.spec.model_dump_json(),  # redacted: no env.set values
                     LABEL_RUNTIME: self.runtime,
                     LABEL_BASE: self.base_image,
                     LABEL_EPHEMERAL: "1" if ephemeral else "0",
                 }
-                made = api.commit(
+                image_id = api.commit(
                     builder, repository=SNAPSHOT_REPOSITORY, tag=name, conf={"Labels": image_labels}
-                )
-                self.baseline().copy_to(Baseline.of("snapshots", made["Id"]))
+                )["Id"]
+                self.baseline().copy_to(Baseline.of("snapshots", image_id))
+                # The image carries no values: starting from it copies them from here.
+                if self._secret_env:
+                    state.save_env(state.directory("snapshots", image_id), self._secret_env)
             finally:
                 if builder is not None:
                     with contextlib.suppress(errors.DockerException):
@@ -612,19 +629,29 @@ class DockerWorkstation:
             raise
         return forks
 
-    def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> list[str]:
-        """The argv that attaches a person to this workstation (same user, env and limits)."""
+    def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> AttachCommand:
+        """How to attach a person to this workstation (same user, env and limits).
+
+        The policy's variables (env.set, env.inherit) go in as ``-e NAME`` (docker reads the
+        value from its own environment): their values are in ``env``, never in the argv.
+        """
         docker_cli = shutil.which("docker")
         if docker_cli is None:
             raise EngineUnavailable(
                 "the docker command-line client is needed to attach (apt-get install docker.io)"
             )
+        environment = self._environment(None)
         self._ensure_running()
         argv = [docker_cli, "exec", "-it" if tty else "-i", "-u", self.user]
         argv += ["-w", self.spec.workspace]
-        for key, value in self._environment(None).items():
-            argv += ["-e", f"{key}={value}"]
-        return [*argv, self.id, program]
+        private = set(self.spec.env.set) | set(self.spec.env.inherit)
+        for key, value in _base_env(self.spec).items():
+            if key not in private:
+                argv += ["-e", f"{key}={value}"]
+        env = {k: v for k, v in environment.items() if k in private}
+        for key in env:
+            argv += ["-e", key]
+        return AttachCommand(argv=[*argv, self.id, program], env=env)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -769,6 +796,8 @@ class DockerBackend:
             raise PolicyViolation(violations)
         name = check_name(name or f"ws-{secrets.token_hex(4)}")
         image = image or BASE_IMAGE
+        # Labels are engine metadata (inspect, events, images): they get the spec without values.
+        spec, secret_env = state.split_env(spec)
         api = client().api
         with translate(f"create {name}"):
             try:
@@ -822,11 +851,14 @@ class DockerBackend:
                     network_disabled=not labels[LABEL_NETWORK],
                     host_config=self._host_config(spec, runtime, volume, labels[LABEL_NETWORK]),
                 )["Id"]
+                if secret_env:
+                    state.save_env(state.directory("workstations", container_id), secret_env)
                 api.start(container_id)
             except BaseException:
                 if container_id is not None:
                     with contextlib.suppress(errors.DockerException):
                         api.remove_container(container_id, force=True)
+                    state.forget("workstations", container_id)
                 with contextlib.suppress(errors.DockerException):
                     api.remove_volume(volume, force=True)
                 disk.drop(Path(labels[LABEL_DISK]))
@@ -1062,6 +1094,8 @@ class DockerBackend:
             with translate(f"snapshot {snapshot}"):
                 labels = client().api.inspect_image(info.image)["Config"]["Labels"]
             spec = SandboxSpec.model_validate_json(labels[LABEL_SPEC])
+        # The image's spec names its env.set variables; their values are in host-side state.
+        spec = state.with_values(spec, state.load_env(state.directory("snapshots", info.id)))
         made = self.create(
             spec, image=info.image, name=name, persistent=persistent, snapshot_of=snapshot
         )
@@ -1201,6 +1235,7 @@ class DockerBackend:
                         shown = (row.get("Names") or [row["Id"][:12]])[0].lstrip("/")
                         if labels.get(LABEL_KIND) == "workstation":
                             shown = labels.get(LABEL_NAME) or shown
+                            state.forget("workstations", row["Id"])
                         report.containers.append(shown)
             self._gc_egress(everything, report)
             in_use = {
@@ -1234,6 +1269,7 @@ class DockerBackend:
                 if everything or dangling or labels.get(LABEL_EPHEMERAL) == "1":
                     with contextlib.suppress(errors.APIError):
                         api.remove_image(row["Id"], force=True)
+                        state.forget("snapshots", row["Id"])
                         report.images.append(labels.get(LABEL_SNAPSHOT) or row["Id"][7:19])
             # Host-side state (diff baselines) of workstations and snapshots that are gone.
             state.prune("workstations", {row["Id"] for row in api.containers(all=True)})

@@ -60,6 +60,9 @@ InputFiles = Mapping[str, bytes | str | Path] | Sequence[str | Path]
 """Input files: a mapping of name -> content (bytes, text or a host Path), or host paths
 (each visible under its base name)."""
 
+IN_WORKER = False
+"""True in an isolation worker process: runs happen here; elsewhere they go to a worker."""
+
 _linker_lock = threading.Lock()
 _shared_linker: Linker | None = None
 
@@ -92,12 +95,26 @@ def run_python(
     Returns an ExecutionResult (tier ``python-wasm``) with one TestOutcome per test and a
     bounded traceback of the first error. Raises PolicyViolation for a spec the tier cannot
     honour and InvalidInput for unusable input files; every other outcome is in the result.
+    The guest runs in a worker process (isolation.py) that is killed if the guest outlives
+    its deadline in a host call.
     """
     spec = spec or DEFAULT_SPEC
     if spec is not DEFAULT_SPEC:
         violations = admit(spec, TIER)
         if violations:
             raise PolicyViolation(violations)
+    if not IN_WORKER:
+        from hybrid.wasm.python import isolation
+
+        arguments = {
+            "source": source,
+            "tests": tests,
+            "files": files,
+            "spec": spec,
+            "filename": filename,
+            "tests_filename": tests_filename,
+        }
+        return isolation.run(arguments, spec.budget.wall_seconds, BACKSTOP_SECONDS)
     compiled = guest.component()
     budget = spec.budget
     tests_state = None if tests is None else _TESTS.get(compiled, tests, tests_filename)
@@ -141,7 +158,8 @@ def run_python(
         raise
 
     # The guest runs on a worker thread so the caller's deadline holds even if the guest is
-    # blocked in a host call (the guest caps its own sleeps; this is the backstop).
+    # blocked in a host call (the guest caps its own sleeps; this is the backstop, after which
+    # isolation.py kills this worker process).
     start = time.perf_counter()
     done = _WORKERS.submit(lambda ready: outcome.execute(compiled, request, ready))
     if not done.wait(budget.wall_seconds + BACKSTOP_SECONDS):
@@ -206,8 +224,8 @@ class _Workers:
     """Reusable daemon threads for guest calls, each pinned to one CPU.
 
     A new thread per run would map and unmap a stack every time; each unmap is a cross-CPU
-    TLB flush. Idle workers are reused; a worker stuck in a host call past its deadline simply
-    stays busy until the call returns (daemon: never blocks exit).
+    TLB flush. Idle workers are reused; a worker stuck in a host call past its deadline stays
+    busy, so isolation.py kills the whole process it runs in (daemon: never blocks exit).
 
     Pinning: a guest's file reads are host calls that wasmtime hands to its blocking-pool
     threads, ~7 handoffs per ``open()``. On these VMs a handoff that wakes another CPU costs
@@ -267,6 +285,15 @@ _WORKERS = _Workers()
 
 
 _EXITED = re.compile(r"Exited with i32 exit status (\d+)")
+_abandoned = 0
+_abandoned_lock = threading.Lock()
+
+
+def abandoned_runs() -> int:
+    """How many runs in this process left a guest blocked in a host call past its deadline."""
+    return _abandoned
+
+
 _counter = itertools.count()
 _root_lock = threading.Lock()
 _root: Path | None = None
@@ -370,8 +397,12 @@ class _Outcome:
         """The guest is still blocked in a host call past its deadline: report the timeout now.
 
         The worker finishes on its own (the epoch deadline stops the guest at its next
-        instruction once the host call returns) and then removes the run's files.
+        instruction once the host call returns) and then removes the run's files; counting
+        it in ``abandoned_runs`` tells isolation.py to kill this process instead.
         """
+        global _abandoned
+        with _abandoned_lock:
+            _abandoned += 1
         out, err = self.pipes
         stdout, stdout_cut = bytes(out.data), out.overflowed
         stderr, stderr_cut = bytes(err.data), err.overflowed
