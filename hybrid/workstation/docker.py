@@ -206,7 +206,7 @@ class DockerWorkstation:
         # The labels' spec has its env.set values redacted; the values are in host-side state.
         self.spec: SandboxSpec = SandboxSpec.model_validate_json(labels[LABEL_SPEC])
         self._secret_env = (
-            state.load_env(state.directory("workstations", self.id)) if self.spec.env.set else {}
+            state.load_env(state.path("workstations", self.id)) if self.spec.env.set else {}
         )
         self.runtime: str = labels.get(LABEL_RUNTIME, "runc")
         self.tier: str = "gvisor" if self.runtime == "runsc" else "docker"
@@ -1095,7 +1095,7 @@ class DockerBackend:
                 labels = client().api.inspect_image(info.image)["Config"]["Labels"]
             spec = SandboxSpec.model_validate_json(labels[LABEL_SPEC])
         # The image's spec names its env.set variables; their values are in host-side state.
-        spec = state.with_values(spec, state.load_env(state.directory("snapshots", info.id)))
+        spec = state.with_values(spec, state.load_env(state.path("snapshots", info.id)))
         made = self.create(
             spec, image=info.image, name=name, persistent=persistent, snapshot_of=snapshot
         )
