@@ -258,9 +258,14 @@ class WorkstationDriver(Driver):
     def ws(self) -> Any:
         return self._shared()
 
-    def run(self, attack: Attack, *, ws: Any = None, **budget: Any) -> ExecutionResult:
-        target = ws or self.ws
+    def run(
+        self, attack: Attack, *, ws: Any = None, spec: SandboxSpec | None = None, **budget: Any
+    ) -> ExecutionResult:
         timeout = float(budget.get("wall_seconds", BASE_BUDGET["wall_seconds"]))
+        if spec is not None:  # a spec of the case's own: a workstation of its own
+            with self.backend.create(spec, repo=self.repo) as made:
+                return self._done(made.exec(["/bin/sh", "-c", attack.shell], timeout=timeout))
+        target = ws or self.ws
         return self._done(target.exec(["/bin/sh", "-c", attack.shell], timeout=timeout))
 
     @contextlib.contextmanager
