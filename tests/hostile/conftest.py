@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import threading
@@ -67,6 +68,22 @@ def hostile_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("TMPDIR", None)
     else:
         os.environ["TMPDIR"] = saved_env
+
+
+@pytest.fixture(scope="session")
+def hostile_io() -> Iterator[Path]:
+    """A private directory for the in-process wasm runs' I/O (pipes, stdin files), normally in
+    /dev/shm where every other process on this machine keeps its own."""
+    from hybrid.wasm import runtime
+
+    saved = getattr(runtime, "_IO_ROOT", None)
+    private = Path(tempfile.mkdtemp(prefix="hostile-io-", dir=saved))
+    if saved is not None:
+        runtime._IO_ROOT = str(private)
+    yield private
+    if saved is not None:
+        runtime._IO_ROOT = saved
+    shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -147,16 +164,18 @@ def sandbox(  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_behind(sandbox: Driver, row: Row, hostile_tmp: Path) -> Iterator[None]:
+def nothing_left_behind(
+    sandbox: Driver, row: Row, hostile_tmp: Path, hostile_io: Path
+) -> Iterator[None]:
     """After every case: nothing it made survives (waiting up to GRACE for async cleanup)."""
-    base = baseline(hostile_tmp)
+    base = baseline(hostile_tmp, hostile_io)
     started = time.monotonic()
     yield
     row.wall_s = time.monotonic() - started
     engine_used = sandbox.kind == "process"
     end = time.monotonic() + GRACE
     while True:
-        found = leftovers(base, hostile_tmp, engine_used)
+        found = leftovers(base, hostile_tmp, hostile_io, engine_used)
         if not found or time.monotonic() > end:
             break
         time.sleep(0.25)

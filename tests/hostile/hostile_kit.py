@@ -92,7 +92,7 @@ class Row:
 
 
 _ROWS: dict[str, Row] = {}
-_CHILDREN: set[int] = set()
+CHILDREN: set[int] = set()
 """Pids of CLI processes the suite started: engine objects they label as owner are the case's."""
 
 
@@ -323,7 +323,7 @@ def hybrid_cli(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
     child = subprocess.Popen([sys.executable, "-m", "hybrid", *args], env=env, **popen)
-    _CHILDREN.add(child.pid)
+    CHILDREN.add(child.pid)
     return child
 
 
@@ -359,7 +359,9 @@ def _fds() -> dict[str, str]:
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
             target = os.readlink(f"/proc/self/fd/{fd}")
-            if not target.startswith(("socket:", "anon_inode:")):
+            # Sockets: the engine client's connection pool; memfds: wasmtime's per-module memory
+            # images, which live as long as the compiled module stays cached.
+            if not target.startswith(("socket:", "anon_inode:", "/memfd:")):
                 links[fd] = target
     return links
 
@@ -393,16 +395,20 @@ def _busy_threads(before: set[int]) -> list[str]:
 class Baseline:
     started: float
     tmp: set[str]
+    io: set[str]
     shm: set[str]
+    children: int
     fds: dict[str, str]
     threads: set[int]
 
 
-def baseline(tmp: Path) -> Baseline:
+def baseline(tmp: Path, io: Path) -> Baseline:
     return Baseline(
         started=time.time(),
         tmp=_tree(tmp),
+        io=_tree(io),
         shm=_shm(),
+        children=len(CHILDREN),
         fds=_fds(),
         threads={t.ident for t in threading.enumerate() if t.ident is not None},
     )
@@ -414,7 +420,7 @@ def _engine_leftovers(started: float) -> list[str]:
     from hybrid.workstation.docker import client
 
     api = client().api
-    mine = {str(os.getpid()), *map(str, _CHILDREN)}
+    mine = {str(os.getpid()), *map(str, CHILDREN)}
     host = socket.gethostname()
     events = api.events(
         since=f"{started - 1:.6f}",
@@ -450,13 +456,15 @@ def _engine_leftovers(started: float) -> list[str]:
     return found
 
 
-def leftovers(base: Baseline, tmp: Path, engine_used: bool) -> list[str]:
+def leftovers(base: Baseline, tmp: Path, io: Path, engine_used: bool) -> list[str]:
     """Everything new since ``base`` that should not outlive a case."""
     from hybrid.wasm.runtime import remove_scratch_dirs
 
     remove_scratch_dirs()  # idle per-thread scratch directories go at exit; so here
     found = [f"tmp {name}" for name in sorted(_tree(tmp) - base.tmp)]
-    found += [f"/dev/shm/{name}" for name in sorted(_shm() - base.shm)]
+    found += [f"io {name}" for name in sorted(_tree(io) - base.io)]
+    if len(CHILDREN) > base.children:
+        found += [f"/dev/shm/{name}" for name in sorted(_shm() - base.shm)]
     fds = _fds()
     found += [
         f"fd {fd} -> {target}"

@@ -54,8 +54,13 @@ def test_fork_bomb(sandbox: Driver) -> None:
         return
     attack = Attack(shell="b() { b | b & }; b; sleep 30")
     result, elapsed = timed(lambda: damaging(sandbox, attack, wall_seconds=3, pids=64))
-    # runc: the pids cap makes fork fail until the deadline; gVisor: a pids breach kills the sandbox.
-    assert result.termination in (Termination.TIMEOUT, Termination.ERROR), result
+    # runc: the pids cap makes fork fail (the shell gives up, or the deadline ends it); gVisor:
+    # a pids breach kills the whole sandbox.
+    assert result.termination in (
+        Termination.TIMEOUT,
+        Termination.ERROR,
+        Termination.NONZERO_EXIT,
+    ), result
     assert elapsed < 3 + sandbox.slack
 
 
@@ -153,10 +158,10 @@ def test_concurrency_20(sandbox: Driver, row: Row) -> None:
 
     with ThreadPoolExecutor(20) as pool:
         results = list(pool.map(job, range(20)))
+    if isinstance(sandbox, WorkstationDriver):
+        assert sandbox.run(Attack(shell="echo still-up")).stdout == "still-up\n"
     endings = sorted({r.termination.value for r in results})
     row.note(" ".join(f"{t} x{sum(r.termination.value == t for r in results)}" for t in endings))
     for i, result in enumerate(results):
         assert result.ok, (i, result)
         assert result.stdout == f"job-{i}\ndone-{i}\n", (i, result.stdout)
-    if isinstance(sandbox, WorkstationDriver):
-        assert sandbox.run(Attack(shell="echo still-up")).stdout == "still-up\n"
