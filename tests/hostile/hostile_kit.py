@@ -327,6 +327,15 @@ def hybrid_cli(args: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
     return child
 
 
+def stop_children() -> None:
+    """Kill every CLI child still running (after the leftover check has seen it)."""
+    for pid in list(CHILDREN):
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+
+
 # -- what a case may leave behind -------------------------------------------------------------------
 
 
@@ -589,3 +598,26 @@ def host_secret_line() -> str:
 
 def json_lines(text: str) -> Any:
     return json.loads(text)
+
+
+def containers_of(pid: int) -> dict[str, str]:
+    """name -> state of every hybrid container whose owner label names process ``pid`` here."""
+    from hybrid.workstation.docker import client
+
+    host = socket.gethostname()
+    found = {}
+    for row in client().api.containers(all=True, filters={"label": "hybrid.managed=1"}):
+        owner = (row.get("Labels") or {}).get("hybrid.owner", "").split(":")
+        if len(owner) == 3 and owner[0] == host and owner[1] == str(pid):
+            found[(row.get("Names") or [row["Id"]])[0].lstrip("/")] = row.get("State", "")
+    return found
+
+
+def wait_for(check: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
+    """Poll ``check`` until it returns something true or ``timeout`` passes; its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > end:
+            return value
+        time.sleep(step)
