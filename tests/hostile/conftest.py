@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hostile_kit import (
     _ROWS,
     BASE_BUDGET,
-    ENGINE_TIERS,
     GRACE,
     WORKSTATION_ALLOW,
     Driver,
@@ -174,10 +173,9 @@ def nothing_left_behind(
     started = time.monotonic()
     yield
     row.wall_s = time.monotonic() - started
-    engine_used = sandbox.tier in ENGINE_TIERS
     end = time.monotonic() + GRACE
     while True:
-        found = leftovers(base, hostile_tmp, hostile_io, engine_used)
+        found = leftovers(base, hostile_tmp, hostile_io, sandbox.tier)
         if not found or time.monotonic() > end:
             break
         time.sleep(0.25)

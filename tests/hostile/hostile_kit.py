@@ -379,9 +379,10 @@ def _tree(root: Path) -> set[str]:
 
 
 def _shm() -> set[str]:
-    return (
-        {p.name for p in Path("/dev/shm").glob("hybrid*")} if Path("/dev/shm").is_dir() else set()
-    )
+    """hybrid entries in /dev/shm, where a wasm CLI child keeps its run I/O. Every process on
+    this machine makes them, so they are only looked at for wasm cases that started a child."""
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("hybrid*")} if shm.is_dir() else set()
 
 
 _IDLE_FRAMES = {"_serve", "_loop", "wait", "get", "select", "_watch_epochs", "run"}
@@ -464,14 +465,14 @@ def _engine_leftovers(started: float) -> list[str]:
     return found
 
 
-def leftovers(base: Baseline, tmp: Path, io: Path, engine_used: bool) -> list[str]:
+def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     """Everything new since ``base`` that should not outlive a case."""
     from hybrid.wasm.runtime import remove_scratch_dirs
 
     remove_scratch_dirs()  # idle per-thread scratch directories go at exit; so here
     found = [f"tmp {name}" for name in sorted(_tree(tmp) - base.tmp)]
     found += [f"io {name}" for name in sorted(_tree(io) - base.io)]
-    if len(CHILDREN) > base.children:
+    if tier == "wasm" and len(CHILDREN) > base.children:
         found += [f"/dev/shm/{name}" for name in sorted(_shm() - base.shm)]
     fds = _fds()
     found += [
@@ -486,7 +487,7 @@ def leftovers(base: Baseline, tmp: Path, io: Path, engine_used: bool) -> list[st
         for p in glob.glob("/sys/fs/cgroup/*/hybrid*")
         if os.stat(p).st_ctime >= base.started
     ]
-    if engine_used:
+    if tier in ENGINE_TIERS:
         found += _engine_leftovers(base.started)
     return found
 

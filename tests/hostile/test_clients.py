@@ -48,11 +48,10 @@ def test_closed_reader(sandbox: Driver, row: Row) -> None:
         child.wait(timeout=deadline / 2)
     except subprocess.TimeoutExpired:
         child.kill()
-        child.wait()
+        child.communicate()
         pytest.fail("the client kept running after its reader went away")
     elapsed = time.monotonic() - started
-    err = child.stderr.read().decode(errors="replace")
-    child.stderr.close()
+    err = child.communicate()[1].decode(errors="replace")
     row.note(f"client exit {child.returncode}")
     assert first, err
     assert not client_traceback(err), err
