@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import itertools
-import json
 import os
 import secrets
 import socket
@@ -30,7 +29,6 @@ from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import ExecutionResult
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data"
 ENGINE_TIERS = ("docker", "gvisor", "workstation")
 WASM_SLACK = 3.0
 """Seconds past a deadline an in-process tier may take to report (a loaded 2-core machine)."""
@@ -594,10 +592,6 @@ def host_secret_line() -> str:
         return Path("/etc/shadow").read_text().splitlines()[0]
     except (OSError, IndexError):
         return f"no-shadow-{secrets.token_hex(8)}"
-
-
-def json_lines(text: str) -> Any:
-    return json.loads(text)
 
 
 def containers_of(pid: int) -> dict[str, str]:
