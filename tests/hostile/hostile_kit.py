@@ -430,7 +430,7 @@ def _engine_leftovers(started: float) -> list[str]:
     mine = {str(os.getpid()), *map(str, CHILDREN)}
     host = socket.gethostname()
     events = api.events(
-        since=f"{started - 1:.6f}",
+        since=f"{started:.6f}",
         until=f"{time.time():.6f}",
         filters={"type": "container", "event": "create", "label": "hybrid.managed=1"},
         decode=True,
@@ -452,14 +452,19 @@ def _engine_leftovers(started: float) -> list[str]:
         network = attrs.get("hybrid.network")
         if network and any(n["Name"] == network for n in api.networks(names=[network])):
             found.append(f"network {network}")
-        found += [f"cgroup {p}" for p in glob.glob(f"/sys/fs/cgroup/*/docker/{cid}*")]
+        cgroups = glob.glob(f"/sys/fs/cgroup/*/docker/{cid}*")
+        if cgroups:
+            found.append(f"{len(cgroups)} cgroups of {name}")
+        processes = []
         for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
             with contextlib.suppress(OSError):
                 if (
                     cid.encode() in Path(cmdline).read_bytes()
                     and int(cmdline.split("/")[2]) != os.getpid()
                 ):
-                    found.append(f"process {cmdline.split('/')[2]} of container {name}")
+                    processes.append(cmdline.split("/")[2])
+        if processes:
+            found.append(f"processes {','.join(processes)} of {name}")
     return found
 
 

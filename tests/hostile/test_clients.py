@@ -57,15 +57,14 @@ def test_closed_reader(sandbox: Driver, row: Row) -> None:
     assert not client_traceback(err), err
     assert elapsed < deadline / 2
     if isinstance(sandbox, WorkstationDriver):
-        left = wait_for(lambda: sandbox.run(Attack(shell=COUNT_YES)).stdout.strip() == "0", 5)
+        left = wait_for(lambda: sandbox.ws.exec(COUNT_YES).stdout.strip() == "0", 5)
         assert left, "`yes` still runs in the workstation after its reader went away"
 
 
 def _started(sandbox: Driver, child: subprocess.Popen[bytes], ws: Any, tmp: Path) -> bool:
     """Whether the spinning job is running inside its sandbox yet."""
     if isinstance(sandbox, WorkstationDriver):
-        shown = sandbox.run(Attack(shell="cat .spin-pid 2>/dev/null; true"), ws=ws)
-        return bool(shown.stdout.strip())
+        return bool(ws.exec("cat .spin-pid 2>/dev/null; true").stdout.strip())
     if sandbox.tier in ("docker", "gvisor"):
         return "running" in containers_of(child.pid).values()
     if sandbox.kind == "process":  # a tier this suite knows nothing of: give it time to start
@@ -110,8 +109,8 @@ def test_killed_client(sandbox: Driver, signal_name: str, row: Row, hostile_tmp:
         # The deadline holds without the client: nothing spins past it.
         remaining = deadline + sandbox.slack - (time.monotonic() - started)
         if isinstance(sandbox, WorkstationDriver):
-            probe = Attack(shell='test -d /proc/"$(cat .spin-pid)" && echo alive || echo gone')
-            gone = wait_for(lambda: sandbox.run(probe, ws=ws).stdout.strip() == "gone", remaining)
+            probe = 'test -d /proc/"$(cat .spin-pid)" && echo alive || echo gone'
+            gone = wait_for(lambda: ws.exec(probe).stdout.strip() == "gone", remaining)
             assert gone, "the job outlived its deadline after the client died"
         elif sandbox.tier in ("docker", "gvisor"):
             stopped = wait_for(
