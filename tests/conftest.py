@@ -1,10 +1,101 @@
-"""Shared test settings: an isolated cache directory per test session."""
+"""Shared test settings and fixtures.
+
+An isolated cache and state directory per session; the real Docker engine (``engine``,
+``require_runtime``), which is a skip when absent and a failure under HYBRID_REQUIRE_ENGINE=1, so
+a green CI run means the container tiers were really tested; and the WASI containment probe.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 # A private cache per session, so tests neither read nor pollute the user's compiled-module cache.
 os.environ.setdefault("HYBRID_CACHE_DIR", tempfile.mkdtemp(prefix="hybrid-test-cache-"))
 os.environ.setdefault("HYBRID_STATE_DIR", tempfile.mkdtemp(prefix="hybrid-test-state-"))
+
+REQUIRE_ENGINE = os.environ.get("HYBRID_REQUIRE_ENGINE") == "1"
+RUNTIMES = {"runc": "docker", "runsc": "gvisor"}
+"""Engine runtime -> the tier it serves."""
+
+RUSTC = "/usr/bin/rustc"  # Debian's rustc ships the wasm32-wasi std (libstd-rust-dev-wasm32)
+PROBE_SOURCE = Path(__file__).parent / "wasm" / "probe.rs"
+
+
+def _missing(reason: str) -> None:
+    if REQUIRE_ENGINE:
+        pytest.fail(f"HYBRID_REQUIRE_ENGINE=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def engine():  # type: ignore[no-untyped-def]
+    """The Docker backend, once the engine answers and the base image is present."""
+    from hybrid.errors import EngineUnavailable
+    from hybrid.workstation import backend, images
+    from hybrid.workstation.docker import client
+
+    try:
+        info = client().info()
+        if images.get() is None:
+            _missing(f"the base image {images.BASE_IMAGE} is missing (run scripts/engine.sh)")
+    except EngineUnavailable as exc:
+        _missing(str(exc))
+        raise  # unreachable: _missing skips or fails
+    runtimes = set(info.get("Runtimes") or {})
+    made = backend()
+    made.runtimes = runtimes  # type: ignore[attr-defined]
+    return made
+
+
+@pytest.fixture(scope="session")
+def require_runtime(engine) -> Callable[[str], str]:  # type: ignore[no-untyped-def]
+    """require_runtime(tier): the engine runtime serving ``tier`` (docker or gvisor), or a skip
+    (a failure under HYBRID_REQUIRE_ENGINE=1) when the engine lacks it."""
+    by_tier = {tier: runtime for runtime, tier in RUNTIMES.items()}
+
+    def check(tier: str) -> str:
+        runtime = by_tier[tier]
+        if runtime not in engine.runtimes:
+            _missing(f"the engine has no {runtime} runtime (scripts/engine.sh registers runsc)")
+        return runtime
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def probe() -> Path:
+    """The containment probe (tests/wasm/probe.rs) built for wasm32-wasi, cached by source hash."""
+    digest = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / f"hybrid-probe-{digest}.wasm"
+    if not out.exists():
+        if not Path(RUSTC).exists():
+            pytest.fail(
+                "the containment probe needs Debian's rustc with wasm32-wasi (apt-get install rustc libstd-rust-dev-wasm32 lld-14)"
+            )
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run(
+            [
+                RUSTC,
+                "--edition",
+                "2021",
+                "--target",
+                "wasm32-wasi",
+                "-O",
+                "-C",
+                "strip=symbols",
+                str(PROBE_SOURCE),
+                "-o",
+                str(tmp),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        os.replace(tmp, out)
+    return out

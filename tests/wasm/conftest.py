@@ -1,9 +1,8 @@
+"""wasm fixtures (the probe module itself is built by tests/conftest.py)."""
+
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -12,42 +11,6 @@ from pathlib import Path
 import pytest
 
 from hybrid.wasm.runtime import remove_scratch_dirs
-
-HERE = Path(__file__).parent
-RUSTC = "/usr/bin/rustc"  # Debian's rustc ships the wasm32-wasi std (libstd-rust-dev-wasm32)
-
-
-@pytest.fixture(scope="session")
-def probe() -> Path:
-    """The containment probe (probe.rs) built for wasm32-wasi, cached by source hash."""
-    source = HERE / "probe.rs"
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    out = Path(tempfile.gettempdir()) / f"hybrid-probe-{digest}.wasm"
-    if not out.exists():
-        if not Path(RUSTC).exists():
-            pytest.fail(
-                "the containment probe needs Debian's rustc with wasm32-wasi (apt-get install rustc libstd-rust-dev-wasm32 lld-14)"
-            )
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run(
-            [
-                RUSTC,
-                "--edition",
-                "2021",
-                "--target",
-                "wasm32-wasi",
-                "-O",
-                "-C",
-                "strip=symbols",
-                str(source),
-                "-o",
-                str(tmp),
-            ],
-            check=True,
-            capture_output=True,
-        )
-        os.replace(tmp, out)
-    return out
 
 
 @pytest.fixture

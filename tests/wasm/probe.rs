@@ -65,19 +65,45 @@ fn main() {
                     out.write_all(b"\n").unwrap();
                 }
             }
+            "print" => println!("{}", arg),
+            "raw" => {
+                // Bytes that are not UTF-8: a lone continuation byte, an invalid lead, a cut sequence.
+                std::io::stdout().write_all(b"raw \xff\xfe\xc3 end\n").unwrap();
+            }
+            "connect" => {
+                // A TCP connection to ADDR (ip:port); WASI preview 1 has no way to open one.
+                match arg.parse::<std::net::SocketAddr>() {
+                    Ok(addr) => match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)) {
+                        Ok(_) => println!("connect {} ok", arg),
+                        Err(e) => println!("connect {} denied: {}", arg, e),
+                    },
+                    Err(e) => println!("connect {} bad address: {}", arg, e),
+                }
+            }
+            "resolve" => {
+                use std::net::ToSocketAddrs;
+                match (arg, 80).to_socket_addrs() {
+                    Ok(addrs) => println!("resolve {} ok: {:?}", arg, addrs.collect::<Vec<_>>()),
+                    Err(e) => println!("resolve {} denied: {}", arg, e),
+                }
+            }
             "fill" => {
-                // Write 1 MiB blocks to `arg` (up to 256 MiB); report how far it got.
+                // Write up to 256 MiB to the file ARG in 1 MiB blocks; report where a write failed.
                 let block = vec![7u8; 1 << 20];
-                let mut file = std::fs::File::create(arg).unwrap();
-                let mut written = 0;
-                while written < 256 {
+                let mut file = match std::fs::File::create(arg) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        println!("fill denied: {}", e);
+                        std::process::exit(1);
+                    }
+                };
+                for written in 0..256 {
                     if let Err(e) = file.write_all(&block) {
                         println!("fill stopped after {} MiB: {}", written, e);
                         std::process::exit(1);
                     }
-                    written += 1;
                 }
-                println!("fill wrote {} MiB", written);
+                println!("fill wrote 256 MiB");
             }
             "files" => {
                 // Create up to 50000 files of 4 KiB in directory `arg`; report how many.

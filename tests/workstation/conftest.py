@@ -1,52 +1,23 @@
-"""Engine fixtures: a real Docker engine with runc and runsc, or a skip (a failure under
-HYBRID_REQUIRE_ENGINE=1, so a green CI run means the container tiers were really tested)."""
+"""Workstation fixtures on the real engine (``engine`` and ``require_runtime`` live in
+tests/conftest.py): every containment test runs once per runtime."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from hybrid.errors import EngineUnavailable
 from hybrid.policy import Budget, SandboxSpec
 
-REQUIRE = os.environ.get("HYBRID_REQUIRE_ENGINE") == "1"
 RUNTIMES = {"runc": "docker", "runsc": "gvisor"}
 
 
-def _missing(reason: str) -> None:
-    if REQUIRE:
-        pytest.fail(f"HYBRID_REQUIRE_ENGINE=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def engine():  # type: ignore[no-untyped-def]
-    """The Docker backend, once the engine answers and the base image is present."""
-    from hybrid.workstation import backend, images
-    from hybrid.workstation.docker import client
-
-    try:
-        info = client().info()
-        if images.get() is None:
-            _missing(f"the base image {images.BASE_IMAGE} is missing (run scripts/engine.sh)")
-    except EngineUnavailable as exc:
-        _missing(str(exc))
-        raise  # unreachable: _missing skips or fails
-    runtimes = set(info.get("Runtimes") or {})
-    made = backend()
-    made.runtimes = runtimes  # type: ignore[attr-defined]
-    return made
-
-
 @pytest.fixture(params=sorted(RUNTIMES), ids=lambda r: r)
-def tier(request: pytest.FixtureRequest, engine) -> str:  # type: ignore[no-untyped-def]
+def tier(request: pytest.FixtureRequest, require_runtime) -> str:  # type: ignore[no-untyped-def]
     """Each containment test runs once per runtime: runc (tier docker) and runsc (tier gvisor)."""
-    runtime = request.param
-    if runtime not in engine.runtimes:
-        _missing(f"the engine has no {runtime} runtime (scripts/engine.sh registers runsc)")
-    return RUNTIMES[runtime]
+    tier = RUNTIMES[request.param]
+    require_runtime(tier)
+    return tier
 
 
 def _spec(tier: str, **budget: object) -> SandboxSpec:
