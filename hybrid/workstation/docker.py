@@ -256,32 +256,30 @@ class DockerWorkstation:
                 self._ensure_running()
                 exec_id = create()
             start = time.time()
-            stream = _stream_client().exec_start(exec_id, stream=True, demux=True)
+            stream = _ExecStream(_stream_client(), exec_id)
         supervisor = _Supervisor(self, stream, start + deadline)
         out, err = bytearray(), bytearray()
         cut = {"stdout": False, "stderr": False}
         try:
-            for chunk_out, chunk_err in stream:
-                for kind, chunk, buf in (("stdout", chunk_out, out), ("stderr", chunk_err, err)):
-                    if not chunk:
-                        continue
-                    room = limit - len(buf)
-                    if len(chunk) > room:
-                        cut[kind] = True
-                        chunk = chunk[: max(room, 0)]
-                    if chunk:
-                        buf.extend(chunk)
-                        if on_output is not None:
-                            on_output(kind, bytes(chunk))
-        except (OSError, ValueError, errors.DockerException):
-            pass  # the supervisor closed the stream
+            for kind, chunk in stream:
+                buf = out if kind == "stdout" else err
+                room = limit - len(buf)
+                if len(chunk) > room:
+                    cut[kind] = True
+                    chunk = chunk[: max(room, 0)]
+                if chunk:
+                    buf.extend(chunk)
+                    if on_output is not None:
+                        on_output(kind, bytes(chunk))
         except BaseException:
-            # Interrupted (Ctrl-C, a failing callback): stop the command rather than orphan it.
+            # Interrupted (Ctrl-C, SIGTERM) or the reader failed (a closed pipe, a raising
+            # on_output): stop every process now rather than orphan them, then re-raise.
             supervisor.stop()
             self._kill()
             raise
         finally:
             supervisor.stop()
+            stream.close()
         wall_ms = (time.time() - start) * 1000
         termination, exit_code, detail = self._classify(
             exec_id, supervisor, start, deadline, bytes(err)
@@ -640,7 +638,7 @@ class DockerWorkstation:
 class _Supervisor:
     """Watches one exec: kills the container at the deadline, and notices a sandbox that died."""
 
-    def __init__(self, ws: DockerWorkstation, stream: Any, deadline: float) -> None:
+    def __init__(self, ws: DockerWorkstation, stream: _ExecStream, deadline: float) -> None:
         self._ws = ws
         self._stream = stream
         self._deadline = deadline
@@ -671,12 +669,66 @@ class _Supervisor:
                 return
 
     def _close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._stream.close()
+        self._stream.close()
 
     def stop(self) -> None:
         self._done.set()
         self._thread.join()
+
+
+class _ExecStream:
+    """One exec's output, read frame by frame; iterating yields ("stdout"|"stderr", bytes).
+
+    Frames are read through the HTTP response's own buffered reader, not its raw socket as the
+    SDK's ``exec_start(stream=True)`` does: a command that prints at once can have its first
+    frame arrive in the same packet as the response headers, already inside that buffer, and
+    reading the raw socket lost it (a first line missing about once in 60 concurrent runs).
+    Iteration ends quietly when the engine ends the stream or ``close`` (from any thread) cuts it.
+    """
+
+    def __init__(self, api: docker.APIClient, exec_id: str) -> None:
+        response = api._post_json(
+            api._url("/exec/{0}/start", exec_id),
+            headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+            data={"Tty": False, "Detach": False},
+            stream=True,
+        )
+        api._raise_for_status(response)
+        self._response = response
+        self._reader: io.BufferedReader = response.raw._fp.fp
+        self._closed = False
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        while True:
+            header = self._read(8)
+            if len(header) < 8:
+                return
+            size = int.from_bytes(header[4:8], "big")
+            data = self._read(size)
+            if data:
+                yield ("stderr" if header[0] == 2 else "stdout"), data
+            if len(data) < size:
+                return
+
+    def _read(self, size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size and not self._closed:
+            try:
+                chunk = self._reader.read1(size - len(data))
+            except (OSError, ValueError, AttributeError):
+                break  # closed under us (the supervisor) or dropped by the engine
+            if not chunk:
+                break
+            data.extend(chunk)
+        return bytes(data)
+
+    def close(self) -> None:
+        """Cut the stream (idempotent, safe from another thread): a blocked read returns."""
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._reader.raw._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            self._response.close()
 
 
 class _Chunks(io.RawIOBase):
