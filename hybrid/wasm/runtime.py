@@ -7,7 +7,8 @@ workspace, and explicit preopens for the spec's mounts. The I/O directory is del
 The scratch directory is empty at the start of every run: whatever a guest wrote is deleted with
 its directory when the run ends; an untouched one is reused by the thread's next run, because
 removing a directory on ext4 costs a few hundred microseconds, as much as a small run itself.
-Scratch directories are removed at interpreter exit.
+Scratch directories are removed at interpreter exit. Both kinds are named for the process that
+made them (hybrid/owner.py), so the first run of a later process reaps what a killed one left.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import wasmtime
 
+from hybrid import owner
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
 from hybrid.paths import read_input
 from hybrid.policy import Mount, SandboxSpec, admit
@@ -47,7 +48,8 @@ def _acquire_scratch() -> Path:
     scratch: Path | None = getattr(_local, "scratch", None)
     _local.scratch = None  # owned by this run until released
     if scratch is None or not scratch.is_dir():
-        scratch = Path(tempfile.mkdtemp(prefix="hybrid-run-"))
+        owner.reap_once()  # a thread's first run: off every later run's path
+        scratch = owner.make_dir("hybrid-run-")
         _scratch_dirs.add(scratch)
     return scratch
 
@@ -113,7 +115,7 @@ def run(
             raise PolicyViolation(violations)
     compiled = load_module(module)
     budget = spec.budget
-    io_dir = Path(tempfile.mkdtemp(prefix="hybrid-io-", dir=_IO_ROOT))
+    io_dir = owner.make_dir("hybrid-io-", _IO_ROOT)
     scratch = _acquire_scratch()
     pipes: tuple[OutputPipe, ...] = ()
     try:

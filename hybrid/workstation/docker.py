@@ -21,6 +21,7 @@ import builtins
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import secrets
@@ -48,6 +49,7 @@ from hybrid.errors import (
     WorkstationError,
     WorkstationNotFound,
 )
+from hybrid.owner import start_time as _start_time
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.workstation.base import (
@@ -87,6 +89,16 @@ _GIT = [
 ]  # fmt: skip
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _POLL_SECONDS = 0.5
+# The watchdog inside an exec holds its deadline when no client is left to (a killed `hybrid run`):
+# `timeout` ends the command a grace after the supervisor would have, then `kill -1` ends every
+# other process of the sandbox's user, those that left the process group with setsid included
+# (it spares only PID 1 and itself). A sandbox without `timeout` runs the command bare.
+_WATCHDOG_GRACE = 1.0
+_WATCHDOG = (
+    'd=$1 e=$2; shift 2; command -v timeout >/dev/null 2>&1 || exec "$@"; '
+    'timeout -s KILL "$d" "$@"; s=$?; '
+    'if [ $s -eq 137 ] && [ "$(date +%s)" -ge "$e" ]; then kill -KILL -1 2>/dev/null; fi; exit $s'
+)
 _RUNSC_PIDS_BASE = 64
 _RUNSC_PIDS_PER_TASK = 16
 
@@ -160,14 +172,6 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
 
 
-def _start_time(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "?"
-
-
 def owner_alive(owner: str) -> bool:
     """Whether the process that labelled something ``owner`` still runs (other hosts: assume yes)."""
     try:
@@ -236,10 +240,19 @@ class DockerWorkstation:
         self._ensure_running()
 
         def create() -> str:
+            watched = [
+                "/bin/sh",
+                "-c",
+                _WATCHDOG,
+                "hybrid-watchdog",
+                f"{deadline + _WATCHDOG_GRACE:.3f}",
+                str(int(time.time() + deadline)),
+                *argv,
+            ]
             return str(
                 api.exec_create(
                     self.id,
-                    argv,
+                    watched,
                     environment=environment,
                     workdir=workdir or self.spec.workspace,
                     user=self.user,
@@ -309,7 +322,9 @@ class DockerWorkstation:
                 code = api.exec_inspect(exec_id).get("ExitCode")
             except errors.NotFound:
                 code = None  # the engine drops exec records when the container stops
-            if supervisor.timed_out:
+            # The watchdog inside may beat the supervisor by a moment on a loaded host.
+            overran = code in (None, 137) and time.time() - start >= deadline
+            if supervisor.timed_out or overran:
                 return (
                     Termination.TIMEOUT,
                     None,
@@ -768,8 +783,14 @@ class DockerBackend:
         name: str | None = None,
         persistent: bool = False,
         snapshot_of: str | None = None,
+        lifetime: float | None = None,
     ) -> DockerWorkstation:
-        """A new hardened workstation from ``image`` (default the base image) with ``repo`` copied in."""
+        """A new hardened workstation from ``image`` (default the base image) with ``repo`` copied in.
+
+        ``lifetime`` (seconds, for one-shot sandboxes) makes the engine itself end the container
+        then, client or no client: its PID 1 is a plain ``sleep``, which nothing inside can
+        signal or stop (a namespace's init ignores signals it has no handler for).
+        """
         from hybrid.workstation.images import BASE_IMAGE
 
         spec = spec or SandboxSpec(tier="docker")
@@ -826,9 +847,13 @@ class DockerBackend:
                     or spec.workspace != "/workspace"
                 ):
                     self._own_workspace(image, volume, spec)
+                host_config = self._host_config(spec, runtime, volume, labels[LABEL_NETWORK])
+                if lifetime is not None:
+                    # Under docker-init, sleep would be its child, which the sandbox's user can stop.
+                    host_config["Init"] = False
                 container_id = api.create_container(
                     image,
-                    command=["sleep", "infinity"],
+                    command=["sleep", "infinity" if lifetime is None else f"{math.ceil(lifetime)}"],
                     name=f"hybrid-{name}",
                     hostname="workstation",
                     user=self.user,
@@ -836,7 +861,7 @@ class DockerBackend:
                     environment=_base_env(spec),
                     labels=labels,
                     network_disabled=not labels[LABEL_NETWORK],
-                    host_config=self._host_config(spec, runtime, volume, labels[LABEL_NETWORK]),
+                    host_config=host_config,
                 )["Id"]
                 api.start(container_id)
             except BaseException:
@@ -1070,6 +1095,38 @@ class DockerBackend:
             ):
                 api.remove_image(image)
 
+    def reap(self) -> GcReport:
+        """Remove what dead clients left: their non-persistent containers with their volumes and
+        networks. Cheaper and narrower than ``gc``: nothing a live process may still be making."""
+        report = GcReport()
+        with translate("reap"):
+            self._reap(client().api, report, everything=False)
+        return report
+
+    def _reap(self, api: docker.APIClient, report: GcReport, everything: bool) -> None:
+        for row in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+            labels = row.get("Labels") or {}
+            abandoned = labels.get(LABEL_PERSISTENT) != "1" and not owner_alive(
+                labels.get(LABEL_OWNER, "")
+            )
+            if not (everything or abandoned):
+                continue
+            # APIError too: another process may be reaping the same leftovers right now.
+            with contextlib.suppress(errors.APIError):
+                api.remove_container(row["Id"], force=True)
+                shown = (row.get("Names") or [row["Id"][:12]])[0].lstrip("/")
+                if labels.get(LABEL_KIND) == "workstation":
+                    shown = labels.get(LABEL_NAME) or shown
+                report.containers.append(shown)
+            if labels.get(LABEL_KIND) != "workstation":
+                continue
+            if labels.get(LABEL_VOLUME):
+                with contextlib.suppress(errors.APIError):
+                    api.remove_volume(labels[LABEL_VOLUME], force=True)
+                    report.volumes.append(labels[LABEL_VOLUME])
+            if labels.get(LABEL_NETWORK):
+                self._remove_egress(labels.get(LABEL_NAME, ""))
+
     def gc(self, everything: bool = False) -> GcReport:
         """Remove what crashed clients left: their scoped containers, orphan volumes, fork snapshots.
 
@@ -1078,18 +1135,7 @@ class DockerBackend:
         api = client().api
         report = GcReport()
         with translate("gc"):
-            for row in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
-                labels = row.get("Labels") or {}
-                abandoned = labels.get(LABEL_PERSISTENT) != "1" and not owner_alive(
-                    labels.get(LABEL_OWNER, "")
-                )
-                if everything or abandoned:
-                    with contextlib.suppress(errors.NotFound):
-                        api.remove_container(row["Id"], force=True)
-                        shown = (row.get("Names") or [row["Id"][:12]])[0].lstrip("/")
-                        if labels.get(LABEL_KIND) == "workstation":
-                            shown = labels.get(LABEL_NAME) or shown
-                        report.containers.append(shown)
+            self._reap(api, report, everything)
             in_use = {
                 m.get("Name")
                 for row in api.containers(all=True)
