@@ -286,8 +286,10 @@ class DockerWorkstation:
                         on_output(kind, bytes(chunk))
         except BaseException:
             # Interrupted (Ctrl-C, SIGTERM) or the reader failed (a closed pipe, a raising
-            # on_output): stop every process now rather than orphan them, then re-raise.
+            # on_output): stop every process now rather than orphan them, then re-raise. The
+            # stream goes first: the engine would wait ~10 s for output no one reads any more.
             supervisor.stop()
+            stream.close()
             self._kill()
             raise
         finally:
