@@ -114,7 +114,9 @@ def _handle_termination() -> dict[int, Any]:
     # (nohup) stays ignored. Returns what to restore.
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    previous: dict[int, Any] = {
+        s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    }
     for signum in (signal.SIGTERM, signal.SIGHUP):
         if previous[signum] is signal.SIG_DFL:
             signal.signal(signum, _terminate)
