@@ -12,8 +12,11 @@ The wasm tiers are imported lazily, so the router works on builds (and hosts) wi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -289,13 +292,39 @@ def _run_wasm(job: Job, spec: SandboxSpec) -> ExecutionResult:
     )
 
 
+ONE_SHOT_SETUP_SECONDS = 30.0
+"""How long a one-shot container may take from its start to its command's start (copying a
+repository takes longer: its baseline commit gets its own allowance). Past that plus the wall
+budget the engine ends the container by itself, even if the client was killed."""
+
+_reaped_in: int | None = None
+
+
+def _reap_once() -> None:
+    # What killed clients left behind goes once per process, on a thread: never on a run's path.
+    global _reaped_in
+    if _reaped_in == os.getpid():
+        return
+    _reaped_in = os.getpid()
+    from hybrid.workstation import backend
+
+    def reap() -> None:
+        with contextlib.suppress(Exception):  # best effort: `hybrid ws gc` reports failures
+            backend().reap()
+
+    threading.Thread(target=reap, name="hybrid-reap", daemon=True).start()
+
+
 def _run_container(
     job: Job, spec: SandboxSpec, on_output: Callable[[str, bytes], None] | None
 ) -> ExecutionResult:
     from hybrid.workstation import backend
 
+    _reap_once()
     snippet = job.snippet()
-    with backend().create(spec, image=job.image, repo=job.repo) as ws:
+    setup = ONE_SHOT_SETUP_SECONDS + (max(60.0, spec.budget.wall_seconds) if job.repo else 0.0)
+    lifetime = spec.budget.wall_seconds + setup
+    with backend().create(spec, image=job.image, repo=job.repo, lifetime=lifetime) as ws:
         if snippet is not None and not job.command:
             source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
             ws.put(source.encode(), ".hybrid-job.py")

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
+from types import FrameType
+from typing import Any
 
 import click
 
@@ -89,27 +93,75 @@ def cli() -> None:
     """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt so the same cleanup runs
+    (a sandbox stopped and removed, scratch directories deleted)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # A second signal must not cut short the cleanup the first one started.
+    for repeat in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(repeat, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def _handle_termination() -> dict[int, Any]:
+    # The command line's own choice: the library installs no handlers. An ignored SIGHUP
+    # (nohup) stays ignored. Returns what to restore.
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {
+        s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    }
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if previous[signum] is signal.SIG_DFL:
+            signal.signal(signum, _terminate)
+    return previous
+
+
+def _interrupted(exc: BaseException) -> None:
+    cause = exc if isinstance(exc, Terminated) else exc.__cause__
+    if isinstance(cause, Terminated):
+        click.echo(f"hybrid: terminated by {cause}", err=True)
+        sys.exit(128 + cause.signum)
+    click.echo(
+        "hybrid: interrupted" if isinstance(exc, KeyboardInterrupt) else "hybrid: aborted", err=True
+    )
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: every HybridError becomes one line on stderr and its exit code."""
     # The CLI uses no pydantic plugins; skipping their entry-point scan saves ~13 ms per command.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    previous = _handle_termination()
+    try:
+        _main(argv)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         # Without standalone mode click returns the code of a click.exceptions.Exit instead of exiting.
         code = cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
     except HybridError as exc:
         click.echo(f"hybrid: error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("hybrid: aborted", err=True)
-        sys.exit(130)
+    except click.exceptions.Abort as exc:
+        _interrupted(exc)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("hybrid: interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
     except BrokenPipeError:
         sys.exit(141)
     sys.exit(code if isinstance(code, int) else 0)

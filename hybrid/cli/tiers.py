@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,13 +123,26 @@ def run_cmd(command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
         stream.buffer.write(chunk)
         stream.flush()
 
-    result = router.run(job, picked, on_output=live if streamed else None)
+    try:
+        result = router.run(job, picked, on_output=live if streamed else None)
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): the library stopped the sandbox; end quietly
+        # with SIGPIPE's status, as a Unix tool would.
+        _discard_stdout()
+        raise click.exceptions.Exit(141) from None
     emit(
         {"route": chosen, "result": result},
         as_json,
         lambda: render_result(result, streamed),
     )
     raise click.exceptions.Exit(exit_code_for(result))
+
+
+def _discard_stdout() -> None:
+    # Whatever is still buffered for the closed pipe would fail again at exit.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 @click.command("route", context_settings={"ignore_unknown_options": True})

@@ -14,6 +14,9 @@ opened and detached at once, so it has no path, appears in no mount table and va
 last descriptor, even if the process is killed. A write past the cap fails with ENOSPC inside the
 guest, so not one byte more is stored. Without mount rights the scratch is a plain directory whose
 size is only measured after the run (the wall clock bounds the writes): see ``scratch_capped``.
+
+Scratch directories and I/O directories are named for the process that made them
+(hybrid/owner.py), so the first run of a later process reaps what a killed one left.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import wasmtime
 
+from hybrid import owner
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
 from hybrid.paths import read_input
 from hybrid.policy import Mount, SandboxSpec, admit, human_size
@@ -113,12 +117,13 @@ def _acquire_scratch(size: int) -> _Scratch:
         scratch.remove()  # a tmpfs is sized when mounted; a clean one costs little to remake
         scratch = None
     if scratch is None:
+        owner.reap_once()  # a thread's first run: off every later run's path
         fd = _tmpfs(size) if _can_mount is not False and scratch_capped() else None
         if fd is not None:
             _scratch_fds.add(fd)
             scratch = _Scratch(f"/proc/self/fd/{fd}", size, fd)
         else:
-            path = Path(tempfile.mkdtemp(prefix="hybrid-run-"))
+            path = owner.make_dir("hybrid-run-")
             _scratch_dirs.add(path)
             scratch = _Scratch(str(path), size, None)
     return scratch
@@ -201,7 +206,7 @@ def run(
             raise PolicyViolation(violations)
     compiled = load_module(module)
     budget = spec.budget
-    io_dir = Path(tempfile.mkdtemp(prefix="hybrid-io-", dir=_IO_ROOT))
+    io_dir = owner.make_dir("hybrid-io-", _IO_ROOT)
     scratch = _acquire_scratch(budget.disk_for("wasm"))
     pipes: tuple[OutputPipe, ...] = ()
     try:

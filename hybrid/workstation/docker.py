@@ -23,6 +23,7 @@ import builtins
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import secrets
@@ -50,6 +51,7 @@ from hybrid.errors import (
     WorkstationError,
     WorkstationNotFound,
 )
+from hybrid.owner import start_time as _start_time
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.workstation import archive, disk, state
@@ -85,6 +87,16 @@ DEFAULT_USER = "1000:1000"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _POLL_SECONDS = 0.5
+# The watchdog inside an exec holds its deadline when no client is left to (a killed `hybrid run`):
+# `timeout` ends the command a grace after the supervisor would have, then `kill -1` ends every
+# other process of the sandbox's user, those that left the process group with setsid included
+# (it spares only PID 1 and itself). A sandbox without `timeout` runs the command bare.
+_WATCHDOG_GRACE = 1.0
+_WATCHDOG = (
+    'd=$1 e=$2; shift 2; command -v timeout >/dev/null 2>&1 || exec "$@"; '
+    'timeout -s KILL "$d" "$@"; s=$?; '
+    'if [ $s -eq 137 ] && [ "$(date +%s)" -ge "$e" ]; then kill -KILL -1 2>/dev/null; fi; exit $s'
+)
 _RUNSC_PIDS_BASE = 64
 _RUNSC_PIDS_PER_TASK = 16
 # The egress relay and proxy run as nobody; the proxy's request log is capped at 2 x this.
@@ -161,14 +173,6 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
 
 
-def _start_time(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "?"
-
-
 def owner_alive(owner: str) -> bool:
     """Whether the process that labelled something ``owner`` still runs (other hosts: assume yes)."""
     try:
@@ -241,10 +245,19 @@ class DockerWorkstation:
         self._ensure_running()
 
         def create() -> str:
+            watched = [
+                "/bin/sh",
+                "-c",
+                _WATCHDOG,
+                "hybrid-watchdog",
+                f"{deadline + _WATCHDOG_GRACE:.3f}",
+                str(int(time.time() + deadline)),
+                *argv,
+            ]
             return str(
                 api.exec_create(
                     self.id,
-                    argv,
+                    watched,
                     environment=environment,
                     workdir=workdir or self.spec.workspace,
                     user=self.user,
@@ -261,32 +274,32 @@ class DockerWorkstation:
                 self._ensure_running()
                 exec_id = create()
             start = time.time()
-            stream = _stream_client().exec_start(exec_id, stream=True, demux=True)
+            stream = _ExecStream(_stream_client(), exec_id)
         supervisor = _Supervisor(self, stream, start + deadline)
         out, err = bytearray(), bytearray()
         cut = {"stdout": False, "stderr": False}
         try:
-            for chunk_out, chunk_err in stream:
-                for kind, chunk, buf in (("stdout", chunk_out, out), ("stderr", chunk_err, err)):
-                    if not chunk:
-                        continue
-                    room = limit - len(buf)
-                    if len(chunk) > room:
-                        cut[kind] = True
-                        chunk = chunk[: max(room, 0)]
-                    if chunk:
-                        buf.extend(chunk)
-                        if on_output is not None:
-                            on_output(kind, bytes(chunk))
-        except (OSError, ValueError, errors.DockerException):
-            pass  # the supervisor closed the stream
+            for kind, chunk in stream:
+                buf = out if kind == "stdout" else err
+                room = limit - len(buf)
+                if len(chunk) > room:
+                    cut[kind] = True
+                    chunk = chunk[: max(room, 0)]
+                if chunk:
+                    buf.extend(chunk)
+                    if on_output is not None:
+                        on_output(kind, bytes(chunk))
         except BaseException:
-            # Interrupted (Ctrl-C, a failing callback): stop the command rather than orphan it.
+            # Interrupted (Ctrl-C, SIGTERM) or the reader failed (a closed pipe, a raising
+            # on_output): stop every process now rather than orphan them, then re-raise. The
+            # stream goes first: the engine would wait ~10 s for output no one reads any more.
             supervisor.stop()
+            stream.close()
             self._kill()
             raise
         finally:
             supervisor.stop()
+            stream.close()
         wall_ms = (time.time() - start) * 1000
         termination, exit_code, detail = self._classify(
             exec_id, supervisor, start, deadline, bytes(err)
@@ -317,7 +330,9 @@ class DockerWorkstation:
                 code = api.exec_inspect(exec_id).get("ExitCode")
             except errors.NotFound:
                 code = None  # the engine drops exec records when the container stops
-            if supervisor.timed_out:
+            # The watchdog inside may beat the supervisor by a moment on a loaded host.
+            overran = code in (None, 137) and time.time() - start >= deadline
+            if supervisor.timed_out or overran:
                 return (
                     Termination.TIMEOUT,
                     None,
@@ -703,7 +718,7 @@ class DockerWorkstation:
 class _Supervisor:
     """Watches one exec: kills the container at the deadline, and notices a sandbox that died."""
 
-    def __init__(self, ws: DockerWorkstation, stream: Any, deadline: float) -> None:
+    def __init__(self, ws: DockerWorkstation, stream: _ExecStream, deadline: float) -> None:
         self._ws = ws
         self._stream = stream
         self._deadline = deadline
@@ -734,12 +749,66 @@ class _Supervisor:
                 return
 
     def _close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._stream.close()
+        self._stream.close()
 
     def stop(self) -> None:
         self._done.set()
         self._thread.join()
+
+
+class _ExecStream:
+    """One exec's output, read frame by frame; iterating yields ("stdout"|"stderr", bytes).
+
+    Frames are read through the HTTP response's own buffered reader, not its raw socket as the
+    SDK's ``exec_start(stream=True)`` does: a command that prints at once can have its first
+    frame arrive in the same packet as the response headers, already inside that buffer, and
+    reading the raw socket lost it (a first line missing about once in 60 concurrent runs).
+    Iteration ends quietly when the engine ends the stream or ``close`` (from any thread) cuts it.
+    """
+
+    def __init__(self, api: docker.APIClient, exec_id: str) -> None:
+        response = api._post_json(
+            api._url("/exec/{0}/start", exec_id),
+            headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+            data={"Tty": False, "Detach": False},
+            stream=True,
+        )
+        api._raise_for_status(response)
+        self._response = response
+        self._reader: io.BufferedReader = response.raw._fp.fp
+        self._closed = False
+
+    def __iter__(self) -> Iterator[tuple[str, bytes]]:
+        while True:
+            header = self._read(8)
+            if len(header) < 8:
+                return
+            size = int.from_bytes(header[4:8], "big")
+            data = self._read(size)
+            if data:
+                yield ("stderr" if header[0] == 2 else "stdout"), data
+            if len(data) < size:
+                return
+
+    def _read(self, size: int) -> bytes:
+        data = bytearray()
+        while len(data) < size and not self._closed:
+            try:
+                chunk = self._reader.read1(size - len(data))
+            except (OSError, ValueError, AttributeError):
+                break  # closed under us (the supervisor) or dropped by the engine
+            if not chunk:
+                break
+            data.extend(chunk)
+        return bytes(data)
+
+    def close(self) -> None:
+        """Cut the stream (idempotent, safe from another thread): a blocked read returns."""
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._reader.raw._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            self._response.close()
 
 
 class _Chunks(io.RawIOBase):
@@ -779,8 +848,14 @@ class DockerBackend:
         name: str | None = None,
         persistent: bool = False,
         snapshot_of: str | None = None,
+        lifetime: float | None = None,
     ) -> DockerWorkstation:
-        """A new hardened workstation from ``image`` (default the base image) with ``repo`` copied in."""
+        """A new hardened workstation from ``image`` (default the base image) with ``repo`` copied in.
+
+        ``lifetime`` (seconds, for one-shot sandboxes) makes the engine itself end the container
+        then, client or no client: its PID 1 is a plain ``sleep``, which nothing inside can
+        signal or stop (a namespace's init ignores signals it has no handler for).
+        """
         from hybrid.workstation.images import BASE_IMAGE
 
         spec = spec or SandboxSpec(tier="docker")
@@ -838,9 +913,13 @@ class DockerBackend:
                     or spec.workspace != "/workspace"
                 ):
                     self._own_workspace(image, volume, spec)
+                host_config = self._host_config(spec, runtime, volume, labels[LABEL_NETWORK])
+                if lifetime is not None:
+                    # Under docker-init, sleep would be its child, which the sandbox's user can stop.
+                    host_config["Init"] = False
                 container_id = api.create_container(
                     image,
-                    command=["sleep", "infinity"],
+                    command=["sleep", "infinity" if lifetime is None else f"{math.ceil(lifetime)}"],
                     name=f"hybrid-{name}",
                     # A joined namespace brings its own hostname (the relay's, "workstation").
                     hostname=None if labels[LABEL_NETWORK] else "workstation",
@@ -849,7 +928,7 @@ class DockerBackend:
                     environment=_base_env(spec),
                     labels=labels,
                     network_disabled=not labels[LABEL_NETWORK],
-                    host_config=self._host_config(spec, runtime, volume, labels[LABEL_NETWORK]),
+                    host_config=host_config,
                 )["Id"]
                 if secret_env:
                     state.save_env(state.directory("workstations", container_id), secret_env)
@@ -1216,6 +1295,39 @@ class DockerBackend:
                 api.remove_image(image)
                 state.forget("snapshots", attrs["Id"])
 
+    def reap(self) -> GcReport:
+        """Remove what dead clients left: their non-persistent containers with their volumes and
+        networks. Cheaper and narrower than ``gc``: nothing a live process may still be making."""
+        report = GcReport()
+        with translate("reap"):
+            self._reap(client().api, report, everything=False)
+        return report
+
+    def _reap(self, api: docker.APIClient, report: GcReport, everything: bool) -> None:
+        for row in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+            labels = row.get("Labels") or {}
+            abandoned = labels.get(LABEL_PERSISTENT) != "1" and not owner_alive(
+                labels.get(LABEL_OWNER, "")
+            )
+            if not (everything or abandoned):
+                continue
+            # APIError too: another process may be reaping the same leftovers right now.
+            with contextlib.suppress(errors.APIError):
+                api.remove_container(row["Id"], force=True)
+                shown = (row.get("Names") or [row["Id"][:12]])[0].lstrip("/")
+                if labels.get(LABEL_KIND) == "workstation":
+                    shown = labels.get(LABEL_NAME) or shown
+                report.containers.append(shown)
+            if labels.get(LABEL_KIND) != "workstation":
+                continue
+            state.forget("workstations", row["Id"])
+            if labels.get(LABEL_VOLUME):
+                with contextlib.suppress(WorkstationError):
+                    _remove_volume(labels[LABEL_VOLUME])
+                    report.volumes.append(labels[LABEL_VOLUME])
+            if labels.get(LABEL_NETWORK):
+                self._remove_egress(labels.get(LABEL_NAME, ""))
+
     def gc(self, everything: bool = False) -> GcReport:
         """Remove what crashed clients left: their scoped containers, orphan volumes, fork snapshots.
 
@@ -1224,19 +1336,7 @@ class DockerBackend:
         api = client().api
         report = GcReport()
         with translate("gc"):
-            for row in api.containers(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
-                labels = row.get("Labels") or {}
-                abandoned = labels.get(LABEL_PERSISTENT) != "1" and not owner_alive(
-                    labels.get(LABEL_OWNER, "")
-                )
-                if everything or abandoned:
-                    with contextlib.suppress(errors.NotFound):
-                        api.remove_container(row["Id"], force=True)
-                        shown = (row.get("Names") or [row["Id"][:12]])[0].lstrip("/")
-                        if labels.get(LABEL_KIND) == "workstation":
-                            shown = labels.get(LABEL_NAME) or shown
-                            state.forget("workstations", row["Id"])
-                        report.containers.append(shown)
+            self._reap(api, report, everything)
             self._gc_egress(everything, report)
             in_use = {
                 m.get("Name")

@@ -28,6 +28,7 @@ from typing import Any
 import wasmtime
 from wasmtime.component import Linker
 
+from hybrid import owner
 from hybrid.errors import InvalidInput, PolicyViolation
 from hybrid.paths import read_input
 from hybrid.policy import Budget, SandboxSpec, admit
@@ -300,12 +301,14 @@ _root: Path | None = None
 
 
 def _scratch_root() -> Path:
-    """A private directory per process for the runs' pipes and input files (removed at exit)."""
+    """A private directory per process for the runs' pipes and input files (removed at exit;
+    named for the process, so a later one reaps it if this one is killed)."""
     global _root
     if _root is None:
         with _root_lock:
             if _root is None:
-                root = Path(tempfile.mkdtemp(prefix="hybrid-py-"))
+                owner.reap_once()
+                root = owner.make_dir("hybrid-py-")
                 (root / "empty").mkdir(mode=0o500)
                 atexit.register(shutil.rmtree, root, ignore_errors=True)
                 _root = root

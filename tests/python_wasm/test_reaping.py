@@ -1,0 +1,127 @@
+"""python-wasm leftovers of killed processes: a killed runner's directory is reaped by the next
+process's first run, and a PythonPool whose parent is killed takes its workers (and their
+directories) with it. Real processes, real wasmtime, SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hybrid.wasm.python import run_python
+
+VICTIM = textwrap.dedent(
+    """
+    import threading, time
+    from hybrid.policy import Budget, SandboxSpec
+    from hybrid.wasm.python import run_python
+
+    spec = SandboxSpec(tier="python-wasm", budget=Budget(wall_seconds=120, fuel=10**13))
+    threading.Thread(target=run_python, args=("while True: pass",), kwargs={"spec": spec},
+                     daemon=True).start()
+    time.sleep(120)
+    """
+)
+
+NEXT_RUN = textwrap.dedent(
+    """
+    import time
+    from hybrid.wasm.python import run_python
+
+    assert run_python("print(1)").stdout == "1\\n"
+    time.sleep(1)  # the reaper runs on a background thread: let it finish before exit
+    """
+)
+
+POOL_PARENT = textwrap.dedent(
+    """
+    import time
+    from hybrid.wasm.python.pool import PythonPool
+
+    if __name__ == "__main__":
+        pool = PythonPool(2)
+        assert [f.result().stdout for f in [pool.submit("print(2)") for _ in range(4)]] == ["2\\n"] * 4
+        print(*pool._executor._processes, flush=True)
+        time.sleep(120)
+    """
+)
+
+
+def _wait_for(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+    end = time.time() + seconds
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").is_dir() and "Z" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled() -> None:
+    """Compile the guest once into the session's cache, so the child processes only load it."""
+    assert run_python("pass").ok
+
+
+def test_a_killed_runners_directory_is_reaped_by_the_next_process(tmp_path: Path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM], env=env)
+    try:
+        assert _wait_for(lambda: any(tmp_path.glob(f"hybrid-py-{victim.pid}-*/*-stdout")), 120), (
+            "the victim's run never started"
+        )
+    finally:
+        victim.kill()
+        victim.wait(30)
+    left = list(tmp_path.glob(f"hybrid-py-{victim.pid}-*"))
+    assert left, "SIGKILL leaves the runner's directory (its pipes included)"
+
+    subprocess.run([sys.executable, "-c", NEXT_RUN], env=env, check=True, timeout=180)
+    assert [p for p in left if p.exists()] == [], "the next process did not reap it"
+
+
+def test_a_pool_whose_parent_is_killed_takes_its_workers_and_their_directories(tmp_path: Path):
+    script = tmp_path / "parent.py"  # spawn re-imports the parent's main module by path
+    script.write_text(POOL_PARENT)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    workers: list[int] = []
+    try:
+        assert parent.stdout is not None
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2, "the pool never started"
+        assert all(list(tmp_path.glob(f"hybrid-py-{pid}-*")) for pid in workers)
+    finally:
+        parent.kill()
+        parent.wait(30)
+    try:
+        assert _wait_for(lambda: not any(_alive(pid) for pid in workers), 30), (
+            "the pool's workers outlived their killed parent"
+        )
+        assert list(tmp_path.glob("hybrid-py-*")) == [], "the workers' directories were left"
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,98 @@
+"""What a killed process leaves on the host (wasm scratch and /dev/shm I/O directories) is named
+for its owner and reaped by the next process's first run; a live owner's directories never are.
+Real processes, killed with SIGKILL mid-run under real wasmtime."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from hybrid import owner
+
+VICTIM = textwrap.dedent(
+    """
+    import sys, threading, time
+    from hybrid.policy import Budget, SandboxSpec
+    from hybrid.wasm import run
+
+    spec = SandboxSpec(tier="wasm", budget=Budget(fuel=10**13, wall_seconds=120))
+    threading.Thread(target=run, args=(sys.argv[1], ["spin", ""]), kwargs={"spec": spec},
+                     daemon=True).start()
+    time.sleep(120)
+    """
+)
+
+NEXT_RUN = textwrap.dedent(
+    """
+    import sys, time
+    from hybrid.policy import Budget, SandboxSpec
+    from hybrid.wasm import run
+
+    result = run(sys.argv[1], ["spin", ""], spec=SandboxSpec(tier="wasm", budget=Budget(fuel=10**6)))
+    assert result.termination == "out_of_fuel", result
+    time.sleep(1)  # the reaper runs on a background thread: let it finish before exit
+    """
+)
+
+
+def _marked(root: Path, prefix: str, pid: int) -> list[Path]:
+    return sorted(root.glob(f"{prefix}{pid}-*"))
+
+
+def _wait_for(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+    end = time.time() + seconds
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_killed_runs_directories_are_reaped_by_the_next_process(probe: Path, tmp_path: Path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    shm = Path(owner.SHM)
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(probe)], env=env)
+    try:
+        # The run is under way once both of its directories exist.
+        assert _wait_for(
+            lambda: (
+                _marked(tmp_path, "hybrid-run-", victim.pid)
+                and (not shm.is_dir() or _marked(shm, "hybrid-io-", victim.pid))
+            ),
+            60,
+        ), "the victim's run never started"
+    finally:
+        victim.kill()
+        victim.wait(30)
+    left = _marked(tmp_path, "hybrid-run-", victim.pid) + _marked(shm, "hybrid-io-", victim.pid)
+    assert left, "SIGKILL leaves the run's directories (nothing could remove them)"
+
+    subprocess.run([sys.executable, "-c", NEXT_RUN, str(probe)], env=env, check=True, timeout=120)
+    assert [p for p in left if p.exists()] == [], "the next process did not reap them"
+    assert list(tmp_path.glob("hybrid-run-*")) == [], "the next process left its own scratch"
+
+
+def test_reaping_spares_live_owners_and_unmarked_names(tmp_path: Path):
+    mine = owner.make_dir("hybrid-run-", str(tmp_path))
+    unmarked = tmp_path / "hybrid-run-abc123"  # an older release's name: owner unknown, kept
+    unmarked.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    dead_pid = int(done.stdout)
+    dead = tmp_path / f"hybrid-io-{dead_pid}-{owner.start_time(os.getpid())}-x"
+    dead.mkdir()
+    (dead / "stdout").write_bytes(b"left behind")
+    # A recycled pid: alive now, but not the process that made the directory.
+    recycled = tmp_path / f"hybrid-py-{os.getpid()}-1-x"
+    recycled.mkdir()
+
+    removed = owner.reap([str(tmp_path)])
+
+    assert sorted(removed) == sorted([dead, recycled])
+    assert mine.is_dir() and unmarked.is_dir()
+    assert not dead.exists() and not recycled.exists()

@@ -1,0 +1,242 @@
+"""Exec supervision without (or against) the client: deadlines that outlive a killed client,
+SIGTERM/SIGHUP cleaning up like Ctrl-C, output that is never lost under concurrency, and a
+reader that goes away. Every test drives the real engine (runc and runsc) and the real CLI."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from hybrid.results import Termination
+from hybrid.workstation.docker import LABEL_OWNER, LABEL_VOLUME, client
+
+DEADLINE = 8.0
+# The watchdog fires a second after the deadline; allow a loaded 2-core host a few more.
+SLACK = 8.0
+SPIN = "echo started; setsid sh -c 'while :; do :; done' & while :; do :; done"
+
+
+def _hybrid(*args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hybrid", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+
+
+def _wait_for_line(proc: subprocess.Popen[bytes], text: bytes, timeout: float) -> float:
+    """Read the client's stdout until ``text``; the time it came."""
+    assert proc.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    seen = b""
+    end = time.time() + timeout
+    while time.time() < end:
+        if selector.select(timeout=0.5):
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            seen += chunk
+            if text in seen:
+                return time.time()
+    stderr = proc.stderr.read() if proc.poll() is not None and proc.stderr else b""
+    raise AssertionError(f"no {text!r} from the client within {timeout}s: {seen!r} {stderr!r}")
+
+
+def _owned_by(pid: int) -> list[dict[str, Any]]:
+    """Containers (running or not) whose owner label names process ``pid`` on this host."""
+    prefix = f"{socket.gethostname()}:{pid}:"
+    rows = client().api.containers(all=True, filters={"label": "hybrid.managed=1"})
+    return [r for r in rows if (r.get("Labels") or {}).get(LABEL_OWNER, "").startswith(prefix)]
+
+
+def _the_container(pid: int) -> dict[str, Any]:
+    for _ in range(100):
+        found = [r for r in _owned_by(pid) if r["Labels"].get("hybrid.kind") == "workstation"]
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no workstation owned by pid {pid}")
+
+
+def _cpu_seconds(container_id: str) -> float | None:
+    """CPU time the container has used so far (None once it is gone or stopped)."""
+    try:
+        stats = client().api.stats(container_id, stream=False)
+    except Exception:
+        return None
+    usage = (stats.get("cpu_stats") or {}).get("cpu_usage") or {}
+    total = usage.get("total_usage")
+    return None if not total else total / 1e9
+
+
+def _spinning(container_id: str) -> float:
+    """CPU seconds per wall second the container burns now (0 when stopped)."""
+    first, t0 = _cpu_seconds(container_id), time.time()
+    time.sleep(1.0)
+    second, t1 = _cpu_seconds(container_id), time.time()
+    if first is None or second is None:
+        return 0.0
+    return (second - first) / (t1 - t0)
+
+
+def _volume_exists(name: str) -> bool:
+    return any(v["Name"] == name for v in client().api.volumes().get("Volumes") or [])
+
+
+def _gone(container_id: str, volume: str, within: float) -> bool:
+    end = time.time() + within
+    while time.time() < end:
+        ids = {r["Id"] for r in client().api.containers(all=True)}
+        if container_id not in ids and not _volume_exists(volume):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_a_killed_clients_deadline_holds_and_the_next_run_reaps_its_sandbox(engine, tier):
+    """SIGKILL to `hybrid run` mid-run: the CPU loop (and a setsid child) stops at the deadline
+    with no client left, and the next run's start removes the container and its volume."""
+    proc = _hybrid("run", "--tier", tier, "--timeout", f"{DEADLINE:g}", "--", "sh", "-c", SPIN)
+    try:
+        started = _wait_for_line(proc, b"started", 180)
+        row = _the_container(proc.pid)
+        assert _spinning(row["Id"]) > 0.02, "the loop should be burning CPU before the deadline"
+        proc.kill()
+        proc.wait(30)
+        # No client from here on: only the sandbox itself can hold the deadline.
+        stopped_at = None
+        while time.time() < started + DEADLINE + SLACK + 30:
+            if _spinning(row["Id"]) < 0.01:
+                stopped_at = time.time()
+                break
+        assert stopped_at is not None, "the loop outlived its deadline once the client was killed"
+        assert stopped_at <= started + DEADLINE + SLACK, (
+            f"stopped {stopped_at - started:.1f}s after it started (deadline {DEADLINE}s)"
+        )
+        # The next run's start reaps what the dead client left (on its background thread).
+        nxt = subprocess.run(
+            [sys.executable, "-m", "hybrid", "run", "--tier", tier, "--", "true"],
+            capture_output=True,
+            timeout=180,
+        )
+        assert nxt.returncode == 0, nxt.stderr
+        assert _gone(row["Id"], row["Labels"][LABEL_VOLUME], within=30), "leftovers not reaped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for left in _owned_by(proc.pid):
+            client().api.remove_container(left["Id"], force=True)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=str)
+def test_sigterm_and_sighup_clean_up_like_sigint(engine, tier, signum):
+    """The client stops the sandbox, removes it and exits 128+N with one line, no traceback."""
+    proc = _hybrid("run", "--tier", tier, "--timeout", "300", "--", "sh", "-c", SPIN)
+    try:
+        _wait_for_line(proc, b"started", 180)
+        row = _the_container(proc.pid)
+        sent = time.time()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+        took = time.time() - sent
+        expected = 130 if signum == signal.SIGINT else 128 + signum
+        assert proc.returncode == expected, err
+        assert b"Traceback" not in err, err
+        if signum != signal.SIGINT:
+            assert f"terminated by {signal.Signals(signum).name}".encode() in err, err
+        assert took < 45, f"cleanup took {took:.1f}s"
+        assert _gone(row["Id"], row["Labels"][LABEL_VOLUME], within=5), "sandbox left behind"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for left in _owned_by(proc.pid):
+            client().api.remove_container(left["Id"], force=True)
+
+
+def test_a_closed_reader_stops_the_sandbox_quietly(engine, tier, tmp_path):
+    """`hybrid run -- sh -c yes | head -1`: prompt, SIGPIPE's status, no traceback, nothing left."""
+    pidfile = tmp_path / "pid"
+    script = (
+        f"sh -c 'echo $$ > {pidfile}; exec {sys.executable} -m hybrid run --tier {tier} "
+        "-- sh -c yes 2>&1' | head -1; echo status=${PIPESTATUS[0]}"
+    )
+    sent = time.time()
+    done = subprocess.run(["bash", "-c", script], capture_output=True, timeout=120)
+    took = time.time() - sent
+    out = done.stdout.decode()
+    assert out.splitlines()[-1] == "status=141", (out, done.stderr)
+    assert "Traceback" not in out and "lost the process" not in out
+    assert took < 60, f"took {took:.1f}s"
+    pid = int(pidfile.read_text())
+    time.sleep(1)
+    assert _owned_by(pid) == [], "the sandbox outlived its closed reader"
+
+
+def test_an_on_output_callback_that_raises_stops_the_exec(ws):
+    """The library: the callback's error propagates at once and the command is stopped."""
+
+    def reader(kind: str, chunk: bytes) -> None:
+        raise BrokenPipeError("reader went away")
+
+    sent = time.time()
+    with pytest.raises(BrokenPipeError):
+        ws.exec("yes", timeout=120, on_output=reader)
+    assert time.time() - sent < 30
+    after = ws.exec("ps -e -o comm= 2>/dev/null || ls /proc")
+    assert after.ok, after
+    assert "yes" not in after.stdout.split()
+
+
+@pytest.mark.parametrize("hogged", [True, False], ids=["gil-hog", "plain"])
+def test_concurrent_execs_never_lose_output(engine, tier, make_spec, hogged):
+    """Hundreds of execs in all, many at a time, each printing at once: every line arrives.
+
+    With ``hogged``, a thread holding the GIL for tens of milliseconds at a time (a long C call)
+    delays the reader between sending exec/start and reading the response's headers: the window
+    in which the first frame arrived together with the headers and was dropped (about 1 run in
+    10 on the old reader, as 20 concurrent `hybrid run` processes did once in 60).
+    """
+    runs, width = (60, 4) if hogged else (120, 20)
+    stop = threading.Event()
+
+    def hog() -> None:
+        while not stop.is_set():
+            sum(range(3_000_000))  # one C call: the GIL is held throughout
+
+    if hogged:
+        threading.Thread(target=hog, daemon=True).start()
+    try:
+        with engine.create(make_spec(tier, pids=512, memory="512M", wall_seconds=120)) as ws:
+
+            def one(i: int) -> tuple[int, Any]:
+                return i, ws.exec(f"echo job-{i}; sleep 0.2; echo done-{i}")
+
+            with ThreadPoolExecutor(width) as pool:
+                results = list(pool.map(one, range(runs)))
+    finally:
+        stop.set()
+    lost = [(i, r.stdout, r.termination) for i, r in results if r.stdout != f"job-{i}\ndone-{i}\n"]
+    assert not lost, f"{len(lost)} of {runs} lost output: {lost[:5]}"
+    assert all(r.termination is Termination.OK for _, r in results)
+
+
+def test_owner_marks_name_this_process():
+    """Sanity for the reaper's liveness test: this process is alive under its own mark."""
+    from hybrid import owner
+
+    pid, started = owner.mark().split("-")
+    assert int(pid) == os.getpid() and started == owner.start_time(os.getpid())
+    assert owner.alive(int(pid), started)
+    assert not owner.alive(int(pid), str(int(started) + 1))
