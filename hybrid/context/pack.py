@@ -15,11 +15,11 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import importers
+from hybrid.context.graph import GraphData, importers
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex
-from hybrid.context.ranking import Mode, rank
+from hybrid.context.ranking import Mode, Ranking, rank
 from hybrid.context.repomap import load_graph, render_map
 from hybrid.context.resolve import is_test_path
 from hybrid.context.skeletons import skeleton_source
@@ -43,6 +43,10 @@ class PackItem(BaseModel):
     reason: str = Field(description="why this item was chosen")
     tokens: int
     text: str
+    spans: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="1-based line ranges of the file whose full text (bodies) the item holds",
+    )
 
 
 class ContextPack(BaseModel):
@@ -65,11 +69,11 @@ def _read(root: Path, path: str) -> bytes | None:
 
 def _symbol_bodies(
     index: RepoIndex, root: Path, path: str, wanted: dict[str, float], budget: int
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[str], list[tuple[int, int]]]:
     """Full bodies of the file's definitions that the task is about, best first."""
     data = _read(root, path)
     if data is None:
-        return "", []
+        return "", [], []
     lines = data.decode("utf-8", "replace").splitlines()
     tags = index.tags(path)
     picked = [d for d in tags.definitions if d.name in wanted and d.kind != "local"]
@@ -91,7 +95,7 @@ def _symbol_bodies(
         names.append(d.name)
         covered.append((d.line, d.end_line))
         used += cost
-    return "".join(out), names
+    return "".join(out), names, covered
 
 
 def _skeleton_item(
@@ -141,10 +145,17 @@ def context_pack(
         raise ContextError("the token budget must be at least 64")
     root_path = Path(root)
     graph = load_graph(root_path, cache=cache, progress=progress)
+    ranking = rank(graph, task, mode, recent_changes(root_path), partial(grep_words, root_path))
+    return fill_pack(graph, ranking, root_path, task, tokens)
+
+
+def fill_pack(
+    graph: GraphData, ranking: Ranking, root_path: Path, task: str, tokens: int
+) -> ContextPack:
+    """Fill ``tokens`` for an already ranked graph (so one ranking serves many budgets)."""
     index: RepoIndex = graph["_index"]
     paths: list[str] = graph["paths"]
     langs: list[str] = graph["langs"]
-    ranking = rank(graph, task, mode, recent_changes(root_path), partial(grep_words, root_path))
     sym_index = {s: j for j, s in enumerate(graph["symbols"])}
     items: list[PackItem] = []
     used = 0
@@ -168,7 +179,17 @@ def context_pack(
         text = f"# {path}\n" + data.decode("utf-8", "replace")
         cost = count_tokens(text)
         if cost <= room:
-            items.append(PackItem(kind="file", path=path, reason=reason, tokens=cost, text=text))
+            n_lines = max(1, text.count("\n"))
+            items.append(
+                PackItem(
+                    kind="file",
+                    path=path,
+                    reason=reason,
+                    tokens=cost,
+                    text=text,
+                    spans=[(1, n_lines)],
+                )
+            )
             used += cost
             included.append(i)
             continue
@@ -181,7 +202,7 @@ def context_pack(
             if j is not None and d.name not in wanted and not d.name.startswith("__"):
                 overlap = len(task_terms.intersection(name_terms(d.name)))
                 wanted[d.name] = 0.5 * overlap + float(ranking.symbol_score[j])
-        body, names = _symbol_bodies(index, root_path, path, wanted, room)
+        body, names, spans = _symbol_bodies(index, root_path, path, wanted, room)
         if body:
             cost = count_tokens(body)
             items.append(
@@ -191,6 +212,7 @@ def context_pack(
                     reason=f"{reason}; file too large, bodies of {', '.join(names[:8])}",
                     tokens=cost,
                     text=body,
+                    spans=spans,
                 )
             )
             used += cost
@@ -272,7 +294,7 @@ def context_pack(
         )
         used += cost
     return ContextPack(
-        root=str(root),
+        root=str(root_path),
         task=task,
         budget=tokens,
         tokens=used,
