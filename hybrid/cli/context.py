@@ -12,9 +12,15 @@ from hybrid.cli._output import emit, json_option
 
 _MODES = click.Choice(["fused", "bm25", "graph"])
 _VARIANT_LABELS = {
-    "full": "full",
-    "bm25": "files by BM25 only",
-    "graph": "files by graph only",
+    "full": "full (symbol ranking)",
+    "no-symbol-ranking": "- symbol ranking (file-first pack)",
+    "no-name": "- symbol names",
+    "no-text": "- body text",
+    "no-graph": "- callers/callees",
+    "no-tests": "- test names",
+    "no-history": "- recent history",
+    "files-bm25": "files by BM25 only",
+    "files-graph": "files by graph only",
 }
 
 

@@ -34,8 +34,19 @@ from hybrid.errors import ContextError, InvalidInput
 
 MODES = ("fused", "bm25", "graph")
 BUDGETS = (2000, 4000, 8000, 16000)
-# Pack variants scored for edit-site recall: the full pack and one signal left out at a time.
-VARIANTS = ("full", "bm25", "graph")
+# Pack variants scored for edit-site recall: name -> (file ranking mode, symbol ranking on?,
+# symbol signals left out). The full pack, then one thing left out at a time.
+VARIANTS: dict[str, tuple[str, bool, frozenset[str]]] = {
+    "full": ("fused", True, frozenset()),
+    "no-symbol-ranking": ("fused", False, frozenset()),
+    "no-name": ("fused", True, frozenset({"name"})),
+    "no-text": ("fused", True, frozenset({"text"})),
+    "no-graph": ("fused", True, frozenset({"graph"})),
+    "no-tests": ("fused", True, frozenset({"tests"})),
+    "no-history": ("fused", True, frozenset({"history"})),
+    "files-bm25": ("bm25", True, frozenset()),
+    "files-graph": ("graph", True, frozenset()),
+}
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.M)
 _FIX = re.compile(
     r"\b(fix(e[sd]|ing)?|bug|regression|crash(es|ed)?|broken|incorrect|wrong|error|fail(s|ed|ure)?)\b",
@@ -279,10 +290,22 @@ def evaluate(
                 ranks[mode] = min(found) if found else 0
                 if mode == "fused":
                     top = order[:5]
-                variant = "full" if mode == "fused" else mode
-                if variant in VARIANTS and hunks:
+                for variant, (v_mode, symbols, ablate) in VARIANTS.items():
+                    if v_mode != mode or not hunks:
+                        continue
                     covered[variant] = {
-                        b: covered_hunks(fill_pack(graph, ranking, worktree, case.task, b), hunks)
+                        b: covered_hunks(
+                            fill_pack(
+                                graph,
+                                ranking,
+                                worktree,
+                                case.task,
+                                b,
+                                symbols=symbols,
+                                ablate=ablate,
+                            ),
+                            hunks,
+                        )
                         for b in budgets
                     }
             results.append(
