@@ -262,6 +262,7 @@ def evaluate(
     from hybrid.context.pack import fill_pack
     from hybrid.context.ranking import rank
     from hybrid.context.repomap import load_graph
+    from hybrid.context.symbols import rank_symbols
 
     repo_path = Path(repo).resolve()
     cases = mine_cases(repo_path, limit)
@@ -293,21 +294,13 @@ def evaluate(
                 for variant, (v_mode, symbols, ablate) in VARIANTS.items():
                     if v_mode != mode or not hunks:
                         continue
-                    covered[variant] = {
-                        b: covered_hunks(
-                            fill_pack(
-                                graph,
-                                ranking,
-                                worktree,
-                                case.task,
-                                b,
-                                symbols=symbols,
-                                ablate=ablate,
-                            ),
-                            hunks,
+                    hits = rank_symbols(graph, ranking, worktree, ablate=ablate) if symbols else []
+                    covered[variant] = {}
+                    for b in budgets:
+                        pack = fill_pack(
+                            graph, ranking, worktree, case.task, b, symbols=symbols, hits=hits
                         )
-                        for b in budgets
-                    }
+                        covered[variant][b] = covered_hunks(pack, hunks)
             results.append(
                 CaseResult(
                     commit=case.commit[:12],

@@ -281,20 +281,24 @@ def fill_pack(
     *,
     symbols: bool = True,
     ablate: frozenset[str] = frozenset(),
+    hits: list[SymbolHit] | None = None,
 ) -> ContextPack:
     """Fill ``tokens`` for an already ranked graph (so one ranking serves many budgets).
 
     With ``symbols`` (the default) the bodies of the best-ranked symbols fill the body
     budget across files; without it, the top files go in whole or by their matching
-    symbols (the earlier, file-first pack). ``ablate`` leaves symbol signals out.
+    symbols (the earlier, file-first pack). ``ablate`` leaves symbol signals out;
+    ``hits`` (from ``rank_symbols``) saves ranking the symbols again for another budget.
     """
     paths: list[str] = graph["paths"]
     langs: list[str] = graph["langs"]
     items: list[PackItem] = []
     map_reserve = max(32, int(tokens * MAP_MIN_SHARE))
-    hits: list[SymbolHit] = []
-    if symbols:
+    if not symbols:
+        hits = []
+    elif hits is None:
         hits = rank_symbols(graph, ranking, root_path, ablate=ablate)
+    if symbols:
         primary_budget = min(int(tokens * BODY_SHARE), tokens - map_reserve)
         items, primary, used = _ranked_bodies(graph, ranking, root_path, hits, primary_budget)
     else:

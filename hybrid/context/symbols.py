@@ -27,7 +27,7 @@ from hybrid.context.graph import GraphData
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
 from hybrid.context.tags import Definition
-from hybrid.context.text import IDENT_RE, name_terms, terms
+from hybrid.context.text import IDENT_RE, ident_terms, name_terms
 from hybrid.errors import ContextError
 
 SIGNALS = ("name", "text", "graph", "tests", "history")
@@ -141,36 +141,57 @@ def rank_symbols(
     mentioned = ranking.task.symbols
     task_words = set(ranking.task.terms)
 
-    # candidates with their body text
-    cands: list[tuple[int, Definition, list[str], set[str]]] = []
+    # candidates, with per-body term statistics from one pass over each file's lines
+    defs_of: list[tuple[int, list[Definition], list[str]]] = []
     for i in file_ids:
         try:
             tags = index.tags(paths[i])
         except ContextError:
             continue
         lines = _lines(root_path, paths[i])
-        if lines is None:
-            continue
-        for d in tags.definitions:
-            if d.kind not in _BODY_KINDS:
-                continue
-            body = "\n".join(lines[d.line - 1 : d.end_line])
-            cands.append((i, d, terms(body), set(IDENT_RE.findall(body))))
+        if lines is not None:
+            defs_of.append((i, [d for d in tags.definitions if d.kind in _BODY_KINDS], lines))
+    names = {d.name for _, defs, _ in defs_of for d in defs}
+    cands: list[tuple[int, Definition, int, Counter[str], set[str]]] = []
+    for i, defs, lines in defs_of:
+        length = [0] * (len(lines) + 1)  # prefix sums of term counts
+        hits_at: dict[int, list[str]] = {}  # line -> query terms on it
+        names_at: dict[int, set[str]] = {}  # line -> candidate names used on it
+        for n_line, line in enumerate(lines, 1):
+            count = 0
+            for ident in IDENT_RE.findall(line):
+                got = ident_terms(ident)
+                count += len(got)
+                for t in got:
+                    if t in query:
+                        hits_at.setdefault(n_line, []).append(t)
+                if ident in names:
+                    names_at.setdefault(n_line, set()).add(ident)
+            length[n_line] = length[n_line - 1] + count
+        for d in defs:
+            last = min(d.end_line, len(lines))
+            tf: Counter[str] = Counter()
+            used: set[str] = set()
+            for n_line in range(d.line, last + 1):
+                if n_line in hits_at:
+                    tf.update(hits_at[n_line])
+                if n_line in names_at and d.kind not in _CONTAINER_KINDS:
+                    used |= names_at[n_line]
+            cands.append((i, d, length[last] - length[max(d.line - 1, 0)], tf, used))
     if not cands:
         return []
     # BM25 over bodies, with statistics of this candidate set
     n = len(cands)
-    avg = sum(len(c[2]) for c in cands) / n or 1.0
+    avg = sum(c[2] for c in cands) / n or 1.0
     df: Counter[str] = Counter()
     for c in cands:
-        df.update(query.intersection(c[2]))
+        df.update(c[3].keys())
     idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in query}
     text = [0.0] * n
     name = [0.0] * n
-    for k, (_i, d, body_terms, _idents) in enumerate(cands):
+    for k, (_i, d, body_len, tf, _used) in enumerate(cands):
         if "text" not in ablate and query:
-            tf = Counter(t for t in body_terms if t in query)
-            norm = K1 * (1 - B + B * len(body_terms) / avg)
+            norm = K1 * (1 - B + B * body_len / avg)
             text[k] = sum(idf[t] * c * (K1 + 1) / (c + norm) for t, c in tf.items())
         if "name" not in ablate:
             score = mentioned.get(d.name, 0.0) * 2.0
@@ -194,7 +215,7 @@ def rank_symbols(
         caller = [0.0] * n
         callee = [0.0] * n
         for k, c in enumerate(cands):
-            for ident in c[3]:
+            for ident in c[4]:
                 for j in by_name.get(ident, ()):
                     if j != k:
                         caller[j] = max(caller[j], base[k])  # k calls j
@@ -217,7 +238,7 @@ def rank_symbols(
         top_hist = max(raw, default=0.0) or 1.0
         history_bonus = [W_HISTORY * r / top_hist for r in raw]
     hits: list[SymbolHit] = []
-    for k, (i, d, _t, _ids) in enumerate(cands):
+    for k, (i, d, _len, _tf, _used) in enumerate(cands):
         score = base[k] + graph_bonus[k] + test_bonus[k] + history_bonus[k]
         if d.name.startswith("__") and d.name.endswith("__") and d.name not in mentioned:
             score *= 0.5
