@@ -161,7 +161,8 @@ def eval_cmd(repo: str, limit: int, as_json: bool) -> None:
             table.add_column(col, justify="left" if col == "ranking" else "right")
         for mode, m in report.metrics.items():
             label: dict[str, Any] = {
-                "fused": "full (PPR + BM25)",
+                "full": "full (PPR + BM25, reranked by symbols)",
+                "fused": "files only (PPR + BM25)",
                 "bm25": "BM25 only",
                 "graph": "graph only",
             }

@@ -16,6 +16,7 @@ from hybrid.context.tags import Definition
 from hybrid.context.text import IDENT_RE, count_tokens
 
 SMALL_FILE_SHARE = 0.25  # a whole file costing at most this share of the budget goes in whole
+FIRST_FILE_SHARE = 0.6  # ... and the best symbol's file, up to this share: fixes spread out
 CLASS_MAX_TOKENS = 400  # a larger class is represented by its methods, not its whole body
 _CONTAINERS = frozenset({"class", "interface", "module", "type"})
 _IMPORT_START = {
@@ -161,8 +162,9 @@ class BodyPacker:
         if f is None or self._covered(f, d):
             return False
         whole_cost = _cost(f"# {f.path}\n" + "\n".join(f.lines) + "\n")
-        if whole_cost <= max(64, int(self.budget * SMALL_FILE_SHARE)):
-            return self._take_whole(f, whole_cost, hit)
+        share = FIRST_FILE_SHARE if not self.order or self.order == [f.path] else SMALL_FILE_SHARE
+        if whole_cost <= max(64, int(self.budget * share)) and self._take_whole(f, whole_cost, hit):
+            return True
         body = "\n".join(f.lines[d.line - 1 : d.end_line])
         cost = _cost(f"# {f.path}:{d.line}-{d.end_line}\n{body}\n")
         if d.kind in _CONTAINERS and cost > CLASS_MAX_TOKENS:
@@ -191,7 +193,7 @@ class BodyPacker:
     def _take_whole(self, f: _File, whole_cost: int, hit: SymbolHit) -> bool:
         already = _cost(self._render(f)) if f.path in self.order else 0
         if self.used - already + whole_cost > self.budget:
-            return False
+            return False  # the body alone may still fit
         self.used += whole_cost - already
         f.whole = True
         f.defs = [hit.definition]

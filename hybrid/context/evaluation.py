@@ -256,14 +256,16 @@ def evaluate(
     cache: TagCache | None = None,
     progress: Callable[[int, int], None] | None = None,
     budgets: tuple[int, ...] = BUDGETS,
+    variants: tuple[str, ...] | None = None,
 ) -> EvalReport:
     """Mine ``limit`` bug-fix commits; score every ranking mode on them (file level) and
     every pack variant at every budget (edit-site recall)."""
     from hybrid.context.pack import fill_pack
     from hybrid.context.ranking import rank
     from hybrid.context.repomap import load_graph
-    from hybrid.context.symbols import rank_symbols
+    from hybrid.context.symbols import rank_symbols, rerank_files
 
+    chosen_variants = [v for v in VARIANTS if variants is None or v in variants]
     repo_path = Path(repo).resolve()
     cases = mine_cases(repo_path, limit)
     if not cases:
@@ -292,9 +294,20 @@ def evaluate(
                 if mode == "fused":
                     top = order[:5]
                 for variant, (v_mode, symbols, ablate) in VARIANTS.items():
-                    if v_mode != mode or not hunks:
+                    if v_mode != mode or (variant != "full" and not hunks):
+                        continue
+                    if variant not in chosen_variants and variant != "full":
                         continue
                     hits = rank_symbols(graph, ranking, worktree, ablate=ablate) if symbols else []
+                    if variant == "full":  # files reordered by their best symbols as well
+                        order = [
+                            graph["paths"][i] for i in rerank_files(graph, ranking, hits).order
+                        ]
+                        position = {p: k + 1 for k, p in enumerate(order)}
+                        found = [position[g] for g in case.gold if g in position]
+                        ranks["full"] = min(found) if found else 0
+                        if not hunks or variant not in chosen_variants:
+                            continue
                     covered[variant] = {}
                     for b in budgets:
                         pack = fill_pack(
@@ -321,8 +334,12 @@ def evaluate(
         )
         subprocess.run(["git", "-C", str(repo_path), "worktree", "prune"], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    metrics = {mode: _metrics([r.rank[mode] for r in results]) for mode in MODES}
-    edit = {v: {b: _edit_metrics(results, v, b) for b in budgets} for v in VARIANTS}
+    metrics = {
+        mode: _metrics([r.rank[mode] for r in results])
+        for mode in ("full", *MODES)
+        if all(mode in r.rank for r in results)
+    }
+    edit = {v: {b: _edit_metrics(results, v, b) for b in budgets} for v in chosen_variants}
     return EvalReport(
         repo=str(repo), cases=len(results), metrics=metrics, edit=edit, results=results
     )

@@ -24,7 +24,7 @@ from hybrid.context.ranking import Mode, Ranking, rank
 from hybrid.context.repomap import load_graph, render_map
 from hybrid.context.resolve import is_test_path
 from hybrid.context.skeletons import skeleton_source
-from hybrid.context.symbols import SymbolHit, rank_symbols
+from hybrid.context.symbols import SymbolHit, rank_symbols, rerank_files
 from hybrid.context.tags import Definition
 from hybrid.context.text import count_tokens, name_terms
 from hybrid.errors import ContextError
@@ -299,6 +299,7 @@ def fill_pack(
     elif hits is None:
         hits = rank_symbols(graph, ranking, root_path, ablate=ablate)
     if symbols:
+        ranking = rerank_files(graph, ranking, hits)
         primary_budget = min(int(tokens * BODY_SHARE), tokens - map_reserve)
         items, primary, used = _ranked_bodies(graph, ranking, root_path, hits, primary_budget)
     else:

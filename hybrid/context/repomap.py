@@ -14,7 +14,7 @@ from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
 from hybrid.context.ranking import Mode, Ranking, rank
-from hybrid.context.symbols import SymbolHit, rank_symbols
+from hybrid.context.symbols import SymbolHit, rank_symbols, rerank_files
 from hybrid.context.tags import qualified_signature
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
@@ -208,6 +208,8 @@ def repo_map(
     grep = partial(grep_words, root) if task else None
     ranking = rank(graph, task, mode, history, grep)
     hits = rank_symbols(graph, ranking, root) if task else None
+    if hits:
+        ranking = rerank_files(graph, ranking, hits)
     text, entries = render_map(graph, ranking, tokens, hits=hits)
     return RepoMap(
         root=str(root),

@@ -20,7 +20,7 @@ import re
 import subprocess
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hybrid.context.graph import GraphData
@@ -40,6 +40,7 @@ W_TEXT = 1.0
 W_GRAPH = 0.3
 W_TESTS = 0.3
 W_HISTORY = 0.2
+W_RERANK = 0.5  # weight of a file's best symbol when the top files are reordered
 K1 = 1.2
 B = 0.75
 _BODY_KINDS = frozenset({"function", "method", "class", "constant", "macro", "type", "interface"})
@@ -216,7 +217,12 @@ def rank_symbols(
         callee = [0.0] * n
         for k, c in enumerate(cands):
             for ident in c[4]:
-                for j in by_name.get(ident, ()):
+                # resolve a name to the same class's definition, else the same file's,
+                # else every candidate of that name
+                targets = by_name.get(ident, [])
+                same_file = [j for j in targets if cands[j][0] == c[0]]
+                same_scope = [j for j in same_file if cands[j][1].scope == c[1].scope]
+                for j in same_scope or same_file or targets:
                     if j != k:
                         caller[j] = max(caller[j], base[k])  # k calls j
                         callee[k] = max(callee[k], base[j])
@@ -242,8 +248,6 @@ def rank_symbols(
         score = base[k] + graph_bonus[k] + test_bonus[k] + history_bonus[k]
         if d.name.startswith("__") and d.name.endswith("__") and d.name not in mentioned:
             score *= 0.5
-        if d.kind == "constant":
-            score *= 0.5
         why = []
         if name[k]:
             why.append("named in the task" if d.name in mentioned else "name shares task words")
@@ -258,3 +262,25 @@ def rank_symbols(
         hits.append(SymbolHit(i, paths[i], d, round(score, 9), tuple(why)))
     hits.sort(key=lambda h: (-h.score, h.path, h.definition.line, h.definition.name))
     return hits
+
+
+def rerank_files(graph: GraphData, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
+    """``ranking`` with the files of ``hits`` first, ordered by their file score plus their
+    best symbol's: a file whose body matches the task well moves up among the top files."""
+    if not hits:
+        return ranking
+    paths: list[str] = graph["paths"]
+    best: dict[int, float] = {}
+    for h in hits:
+        best.setdefault(h.file, h.score)  # hits are best first
+    top = [i for i in ranking.order if i in best]
+    top_file = max(float(ranking.score[i]) for i in top) or 1.0
+    top_hit = max(best.values()) or 1.0
+
+    def key(i: int) -> tuple[float, str]:
+        mixed = float(ranking.score[i]) / top_file + W_RERANK * best[i] / top_hit
+        return (-round(mixed, 12), paths[i])
+
+    first = sorted(top, key=key)
+    chosen = set(first)
+    return replace(ranking, order=first + [i for i in ranking.order if i not in chosen])

@@ -61,7 +61,7 @@ def test_mine_cases_is_deterministic(history_repo: Path) -> None:
 def test_evaluate_reports_all_modes(history_repo: Path) -> None:
     report = evaluate(history_repo, 10)
     assert report.cases == 3
-    assert set(report.metrics) == {"fused", "bm25", "graph"}
+    assert set(report.metrics) == {"full", "fused", "bm25", "graph"}
     assert report.metrics["fused"].acc_at_1 == 1.0
     for m in report.metrics.values():
         assert 0 <= m.acc_at_1 <= m.acc_at_5 <= 1 and 0 <= m.mrr <= 1
