@@ -155,10 +155,21 @@ class BodyPacker:
                 best = c
         return best
 
+    @staticmethod
+    def _has_members(d: Definition, file_defs: list[Definition]) -> bool:
+        """Whether definitions other than fields sit inside ``d`` (a Go struct has none)."""
+        return any(
+            o.kind in ("function", "method", "class")
+            and d.line < o.line
+            and o.end_line <= d.end_line
+            for o in file_defs
+        )
+
     def add(self, hit: SymbolHit, file_defs: list[Definition]) -> bool:
         """Take ``hit``'s body if it fits; ``file_defs`` are all definitions of its file."""
         f = self._file(hit.path)
-        d = hit.definition
+        # the body as packed: with its doc comment and decorators
+        d = hit.definition._replace(line=hit.span[0])
         if f is None or self._covered(f, d):
             return False
         whole_cost = _cost(f"# {f.path}\n" + "\n".join(f.lines) + "\n")
@@ -167,8 +178,8 @@ class BodyPacker:
             return True
         body = "\n".join(f.lines[d.line - 1 : d.end_line])
         cost = _cost(f"# {f.path}:{d.line}-{d.end_line}\n{body}\n")
-        if d.kind in _CONTAINERS and cost > CLASS_MAX_TOKENS:
-            return False
+        if d.kind in _CONTAINERS and cost > CLASS_MAX_TOKENS and self._has_members(d, file_defs):
+            return False  # a large class is packed by its methods
         if hit.path not in self.order:
             cost += _cost(f"# {f.path}\n")
         cls = self._enclosing(f, d, file_defs)

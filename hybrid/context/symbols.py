@@ -57,6 +57,27 @@ class SymbolHit:
     definition: Definition
     score: float
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    start: int = 0  # first line of the body with its doc comment and decorators (0: line)
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """Lines of the definition with the comments and decorators right above it."""
+        return (self.start or self.definition.line, self.definition.end_line)
+
+
+_LEAD = ("//", "/*", "*", "#", "@", "--")
+_NOT_LEAD = ("#include", "#define", "#if", "#endif", "#else", "#pragma", "#import", "#!")
+
+
+def leading_start(lines: list[str], line: int) -> int:
+    """First line of the comment block and decorators directly above 1-based ``line``."""
+    start = line
+    while start > 1:
+        above = lines[start - 2].strip()
+        if not above or not above.startswith(_LEAD) or above.startswith(_NOT_LEAD):
+            break
+        start -= 1
+    return start
 
 
 def _lines(root: Path, path: str) -> list[str] | None:
@@ -154,6 +175,7 @@ def rank_symbols(
             defs_of.append((i, [d for d in tags.definitions if d.kind in _BODY_KINDS], lines))
     names = {d.name for _, defs, _ in defs_of for d in defs}
     cands: list[tuple[int, Definition, int, Counter[str], set[str]]] = []
+    starts: dict[tuple[int, int, str], int] = {}
     for i, defs, lines in defs_of:
         length = [0] * (len(lines) + 1)  # prefix sums of term counts
         hits_at: dict[int, list[str]] = {}  # line -> query terms on it
@@ -173,12 +195,14 @@ def rank_symbols(
             last = min(d.end_line, len(lines))
             tf: Counter[str] = Counter()
             used: set[str] = set()
-            for n_line in range(d.line, last + 1):
+            first = leading_start(lines, d.line)
+            starts[(i, d.line, d.name)] = first
+            for n_line in range(first, last + 1):
                 if n_line in hits_at:
                     tf.update(hits_at[n_line])
                 if n_line in names_at and d.kind not in _CONTAINER_KINDS:
                     used |= names_at[n_line]
-            cands.append((i, d, length[last] - length[max(d.line - 1, 0)], tf, used))
+            cands.append((i, d, length[last] - length[max(first - 1, 0)], tf, used))
     if not cands:
         return []
     # BM25 over bodies, with statistics of this candidate set
@@ -239,7 +263,8 @@ def rank_symbols(
         for c in cands:
             counter = touched.get(paths[c[0]])
             d = c[1]
-            changed = sum(counter[x] for x in range(d.line, d.end_line + 1)) if counter else 0
+            first = starts[(c[0], d.line, d.name)]
+            changed = sum(counter[x] for x in range(first, d.end_line + 1)) if counter else 0
             raw.append(math.log1p(changed))
         top_hist = max(raw, default=0.0) or 1.0
         history_bonus = [W_HISTORY * r / top_hist for r in raw]
@@ -259,7 +284,8 @@ def rank_symbols(
             why.append("called by a matching test")
         if history_bonus[k]:
             why.append("changed recently")
-        hits.append(SymbolHit(i, paths[i], d, round(score, 9), tuple(why)))
+        start = starts[(i, d.line, d.name)]
+        hits.append(SymbolHit(i, paths[i], d, round(score, 9), tuple(why), start))
     hits.sort(key=lambda h: (-h.score, h.path, h.definition.line, h.definition.name))
     return hits
 
