@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -240,6 +241,13 @@ def _edit_metrics(results: list[CaseResult], variant: str, budget: int) -> EditM
     )
 
 
+def _first_gold(graph: dict[str, Any], order: list[int], gold: list[str]) -> int:
+    """1-based position of the first gold file in ``order`` (0: not ranked)."""
+    paths = graph["paths"]
+    found = [k + 1 for k, i in enumerate(order) if paths[i] in gold]
+    return found[0] if found else 0
+
+
 def _metrics(ranks: list[int]) -> Metrics:
     n = len(ranks) or 1
     return Metrics(
@@ -287,33 +295,34 @@ def evaluate(
             covered: dict[str, dict[int, int]] = {}
             for mode in MODES:
                 ranking = rank(graph, case.task, mode, history, grep)  # type: ignore[arg-type]
-                order = [graph["paths"][i] for i in ranking.order]
-                position = {p: k + 1 for k, p in enumerate(order)}
-                found = [position[g] for g in case.gold if g in position]
-                ranks[mode] = min(found) if found else 0
+                ranks[mode] = _first_gold(graph, ranking.order, case.gold)
                 if mode == "fused":
-                    top = order[:5]
+                    top = [graph["paths"][i] for i in ranking.order[:5]]
                 for variant, (v_mode, symbols, ablate) in VARIANTS.items():
-                    if v_mode != mode or (variant != "full" and not hunks):
-                        continue
-                    if variant not in chosen_variants and variant != "full":
+                    scored = bool(hunks) and variant in chosen_variants
+                    if v_mode != mode or not (scored or variant == "full"):
                         continue
                     hits = rank_symbols(graph, ranking, worktree, ablate=ablate) if symbols else []
-                    if variant == "full":  # files reordered by their best symbols as well
-                        order = [
-                            graph["paths"][i] for i in rerank_files(graph, ranking, hits).order
-                        ]
-                        position = {p: k + 1 for k, p in enumerate(order)}
-                        found = [position[g] for g in case.gold if g in position]
-                        ranks["full"] = min(found) if found else 0
-                        if not hunks or variant not in chosen_variants:
-                            continue
-                    covered[variant] = {}
-                    for b in budgets:
-                        pack = fill_pack(
-                            graph, ranking, worktree, case.task, b, symbols=symbols, hits=hits
+                    if variant == "full":  # the files as the pack orders them: by symbols too
+                        ranks["full"] = _first_gold(
+                            graph, rerank_files(graph, ranking, hits).order, case.gold
                         )
-                        covered[variant][b] = covered_hunks(pack, hunks)
+                    if scored:
+                        covered[variant] = {
+                            b: covered_hunks(
+                                fill_pack(
+                                    graph,
+                                    ranking,
+                                    worktree,
+                                    case.task,
+                                    b,
+                                    symbols=symbols,
+                                    hits=hits,
+                                ),
+                                hunks,
+                            )
+                            for b in budgets
+                        }
             results.append(
                 CaseResult(
                     commit=case.commit[:12],

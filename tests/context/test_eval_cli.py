@@ -168,3 +168,14 @@ def test_evaluate_reports_edit_site_recall(history_repo: Path) -> None:
     assert report.edit["full"][2000].task_recall == 1.0
     assert all(r.hunks == 1 for r in report.results)
     assert report.edit["full"][64].hunk_recall < 1.0
+
+
+def test_cli_eval_prints_edit_site_recall_with_ablations(history_repo: Path) -> None:
+    runner = CliRunner(env={"COLUMNS": "200"})
+    out = runner.invoke(cli, ["context", "eval", str(history_repo), "--limit", "5"])
+    assert out.exit_code == 0, out.output
+    assert "edit-site recall" in out.output
+    for label in ("full (symbol ranking)", "- symbol ranking", "- body text", "- recent history"):
+        assert label in out.output
+    for budget in ("2k", "4k", "8k", "16k"):
+        assert budget in out.output

@@ -202,3 +202,42 @@ def test_symbol_order_is_the_same_under_any_hash_seed(requests_like: Path, tmp_p
         )
         outs.add(proc.stdout)
     assert len(outs) == 1
+
+
+def test_top_files_reranked_by_their_best_symbol(tmp_path: Path, git: Any, write: Any) -> None:
+    """A file whose path and names match the task loosely ranks below one whose function
+    body holds the task's words once the symbols are ranked."""
+    from functools import partial
+
+    from hybrid.context.grep import grep_words
+    from hybrid.context.ranking import rank
+    from hybrid.context.repomap import load_graph
+    from hybrid.context.symbols import rank_symbols, rerank_files
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write(
+        repo,
+        {
+            "app/retry.py": '"""Retry policy."""\n\n\ndef retry_policy(n):\n    return n\n',
+            "app/client.py": (
+                "def fetch(url):\n"
+                "    # retry with exponential backoff and jitter on timeout\n"
+                "    backoff = 1\n"
+                "    jitter = 0.1\n"
+                "    timeout = 5\n"
+                "    return url, backoff, jitter, timeout\n" + _filler("parse", 3)
+            ),
+        },
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "initial")
+    task = "retry: exponential backoff with jitter after a timeout"
+    graph = load_graph(repo)
+    ranking = rank(graph, task, "fused", None, partial(grep_words, repo))
+    hits = rank_symbols(graph, ranking, repo)
+    assert hits[0].definition.name == "fetch"
+    reranked = rerank_files(graph, ranking, hits)
+    assert graph["paths"][reranked.order[0]] == "app/client.py"
+    assert sorted(reranked.order) == sorted(ranking.order)  # a permutation
