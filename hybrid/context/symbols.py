@@ -222,7 +222,7 @@ def rank_symbols(
             score = mentioned.get(d.name, 0.0) * 2.0
             if score and d.scope and d.scope.rsplit(".", 1)[-1] in mentioned:
                 score += 1.0  # Session.request named as such
-            score += sum(idf.get(t, 0.0) for t in set(name_terms(d.name)) & task_words) / 2
+            score += sum(idf.get(t, 0.0) for t in sorted(set(name_terms(d.name)) & task_words)) / 2
             name[k] = score
     top_text = max(text) or 1.0
     top_name = max(name) or 1.0
