@@ -110,6 +110,13 @@ def _definition_node(name_node: Node) -> Node:
     node = name_node.parent
     while node is not None and node.type in _CLIMB:
         node = node.parent
+    if (
+        node is not None
+        and node.type == "member_expression"
+        and node.parent is not None
+        and node.parent.type == "assignment_expression"
+    ):
+        return node.parent  # res.send = function send() {...}: the whole assignment
     return node if node is not None else name_node
 
 

@@ -241,3 +241,13 @@ def test_top_files_reranked_by_their_best_symbol(tmp_path: Path, git: Any, write
     reranked = rerank_files(graph, ranking, hits)
     assert graph["paths"][reranked.order[0]] == "app/client.py"
     assert sorted(reranked.order) == sorted(ranking.order)  # a permutation
+
+
+def test_js_member_assigned_function_spans_its_body() -> None:
+    """``res.send = function send() {...}``: the definition is the whole assignment, so a
+    packed body holds the function's lines, not just ``res.send``."""
+    source = (
+        "var res = {};\nres.send = function send(body) {\n  var chunk = body;\n  return this;\n};\n"
+    )
+    (d,) = [d for d in _defs(source, "javascript") if d.name == "send"]
+    assert (d.line, d.end_line, d.qualified) == (2, 5, "res.send")
