@@ -11,6 +11,17 @@ import click
 from hybrid.cli._output import emit, json_option
 
 _MODES = click.Choice(["fused", "bm25", "graph"])
+_VARIANT_LABELS = {
+    "full": "full (symbol ranking)",
+    "no-symbol-ranking": "- symbol ranking (file-first pack)",
+    "no-name": "- symbol names",
+    "no-text": "- body text",
+    "no-graph": "- callers/callees",
+    "no-tests": "- test names",
+    "no-history": "- recent history",
+    "files-bm25": "files by BM25 only",
+    "files-graph": "files by graph only",
+}
 
 
 @contextmanager
@@ -150,11 +161,27 @@ def eval_cmd(repo: str, limit: int, as_json: bool) -> None:
             table.add_column(col, justify="left" if col == "ranking" else "right")
         for mode, m in report.metrics.items():
             label: dict[str, Any] = {
-                "fused": "full (PPR + BM25)",
+                "full": "full (PPR + BM25, reranked by symbols)",
+                "fused": "files only (PPR + BM25)",
                 "bm25": "BM25 only",
                 "graph": "graph only",
             }
             table.add_row(label[mode], f"{m.acc_at_1:.2f}", f"{m.acc_at_5:.2f}", f"{m.mrr:.3f}")
-        Console().print(table)
+        console = Console()
+        console.print(table)
+        if not report.edit:
+            return
+        budgets = sorted(next(iter(report.edit.values())))
+        edit = Table(title="edit-site recall: tasks with every hunk in a packed body (hunks)")
+        edit.add_column("pack")
+        for b in budgets:
+            edit.add_column(f"{b // 1000}k" if b % 1000 == 0 else str(b), justify="right")
+        for variant, per_budget in report.edit.items():
+            cells = [
+                f"{per_budget[b].task_recall:.2f} ({per_budget[b].hunk_recall:.2f})"
+                for b in budgets
+            ]
+            edit.add_row(_VARIANT_LABELS.get(variant, variant), *cells)
+        console.print(edit)
 
     emit(report, as_json, render)

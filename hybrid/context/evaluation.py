@@ -4,6 +4,12 @@ Bug-fix commits are mined from ``git log`` (message as the task, the non-test so
 it modified as the gold files), newest first, so the selection is deterministic. Each
 parent is checked out in one temporary worktree; the index there reuses the tag cache
 (blob ids), so only files that differ between parents are parsed.
+
+Two questions are scored: did the ranking find the file (Acc@1, Acc@5, MRR), and did the
+pack hold the code that had to change (edit-site recall). A hunk of the fix is covered when
+a body the pack holds (a whole file or a symbol's full text, never a skeleton) contains a
+line the fix changed, or, for a pure insertion, the line it follows; a task is covered when
+all its hunks are.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -22,10 +29,26 @@ from hybrid.context.cache import TagCache
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.languages import EXTENSIONS
+from hybrid.context.pack import ContextPack
 from hybrid.context.resolve import is_test_path
 from hybrid.errors import ContextError, InvalidInput
 
 MODES = ("fused", "bm25", "graph")
+BUDGETS = (2000, 4000, 8000, 16000)
+# Pack variants scored for edit-site recall: name -> (file ranking mode, symbol ranking on?,
+# symbol signals left out). The full pack, then one thing left out at a time.
+VARIANTS: dict[str, tuple[str, bool, frozenset[str]]] = {
+    "full": ("fused", True, frozenset()),
+    "no-symbol-ranking": ("fused", False, frozenset()),
+    "no-name": ("fused", True, frozenset({"name"})),
+    "no-text": ("fused", True, frozenset({"text"})),
+    "no-graph": ("fused", True, frozenset({"graph"})),
+    "no-tests": ("fused", True, frozenset({"tests"})),
+    "no-history": ("fused", True, frozenset({"history"})),
+    "files-bm25": ("bm25", True, frozenset()),
+    "files-graph": ("graph", True, frozenset()),
+}
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.M)
 _FIX = re.compile(
     r"\b(fix(e[sd]|ing)?|bug|regression|crash(es|ed)?|broken|incorrect|wrong|error|fail(s|ed|ure)?)\b",
     re.I,
@@ -51,14 +74,34 @@ class Metrics(BaseModel):
     mrr: float
 
 
+class EditMetrics(BaseModel):
+    """Edit-site recall of one pack variant at one budget."""
+
+    task_recall: float = Field(description="share of tasks with every hunk covered")
+    hunk_recall: float = Field(description="share of all hunks covered")
+
+
+class Hunk(BaseModel):
+    """One hunk of a fix, as lines of the parent: the changed lines, or for a pure
+    insertion the one line it follows."""
+
+    path: str
+    lines: tuple[int, int]
+
+
 class CaseResult(BaseModel):
-    """Where each mode put the first gold file (1-based; 0 = not found)."""
+    """Where each mode put the first gold file (1-based; 0 = not found), and which hunks
+    each pack variant covered at each budget."""
 
     commit: str
     subject: str
     gold: list[str]
     rank: dict[str, int]
     top: list[str] = Field(description="the fused mode's top five files")
+    hunks: int = 0
+    covered: dict[str, dict[int, int]] = Field(
+        default_factory=dict, description="variant -> budget -> hunks covered"
+    )
 
 
 class EvalReport(BaseModel):
@@ -67,6 +110,9 @@ class EvalReport(BaseModel):
     repo: str
     cases: int
     metrics: dict[str, Metrics]
+    edit: dict[str, dict[int, EditMetrics]] = Field(
+        default_factory=dict, description="edit-site recall: variant -> budget -> metrics"
+    )
     results: list[CaseResult]
 
 
@@ -150,6 +196,58 @@ def _case(record: str) -> EvalCase | None:
     return EvalCase(commit=commit, parent=parents[0], task=_task_text(message), gold=sorted(gold))
 
 
+def fix_hunks(repo: Path, case: EvalCase) -> list[Hunk]:
+    """The hunks of ``case``'s fix in its gold files, as line ranges of the parent."""
+    diff = _git(repo, "diff", "-U0", "--no-renames", case.parent, case.commit, "--", *case.gold)
+    hunks: list[Hunk] = []
+    path = ""
+    for line in diff.splitlines():
+        if line.startswith("--- "):
+            path = line[6:] if line.startswith("--- a/") else ""
+            continue
+        match = _HUNK.match(line)
+        if match and path:
+            start = int(match.group(1))
+            count = 1 if match.group(2) is None else int(match.group(2))
+            if count == 0:  # pure insertion after line `start` (0: at the top)
+                hunks.append(Hunk(path=path, lines=(max(1, start), max(1, start))))
+            else:
+                hunks.append(Hunk(path=path, lines=(start, start + count - 1)))
+    return hunks
+
+
+def covered_hunks(pack: ContextPack, hunks: list[Hunk]) -> int:
+    """How many ``hunks`` have a line inside a body the pack holds."""
+    held: dict[str, list[tuple[int, int]]] = {}
+    for item in pack.items:
+        if item.path and item.spans:
+            held.setdefault(item.path, []).extend(item.spans)
+    n = 0
+    for hunk in hunks:
+        lo, hi = hunk.lines
+        if any(a <= hi and lo <= b for a, b in held.get(hunk.path, [])):
+            n += 1
+    return n
+
+
+def _edit_metrics(results: list[CaseResult], variant: str, budget: int) -> EditMetrics:
+    scored = [r for r in results if r.hunks]
+    if not scored:
+        return EditMetrics(task_recall=0.0, hunk_recall=0.0)
+    total = sum(r.hunks for r in scored)
+    return EditMetrics(
+        task_recall=sum(1 for r in scored if r.covered[variant][budget] == r.hunks) / len(scored),
+        hunk_recall=sum(r.covered[variant][budget] for r in scored) / total,
+    )
+
+
+def _first_gold(graph: dict[str, Any], order: list[int], gold: list[str]) -> int:
+    """1-based position of the first gold file in ``order`` (0: not ranked)."""
+    paths = graph["paths"]
+    found = [k + 1 for k, i in enumerate(order) if paths[i] in gold]
+    return found[0] if found else 0
+
+
 def _metrics(ranks: list[int]) -> Metrics:
     n = len(ranks) or 1
     return Metrics(
@@ -165,11 +263,17 @@ def evaluate(
     *,
     cache: TagCache | None = None,
     progress: Callable[[int, int], None] | None = None,
+    budgets: tuple[int, ...] = BUDGETS,
+    variants: tuple[str, ...] | None = None,
 ) -> EvalReport:
-    """Mine ``limit`` bug-fix commits and score every ranking mode on them."""
+    """Mine ``limit`` bug-fix commits; score every ranking mode on them (file level) and
+    every pack variant at every budget (edit-site recall)."""
+    from hybrid.context.pack import fill_pack
     from hybrid.context.ranking import rank
     from hybrid.context.repomap import load_graph
+    from hybrid.context.symbols import rank_symbols, rerank_files
 
+    chosen_variants = [v for v in VARIANTS if variants is None or v in variants]
     repo_path = Path(repo).resolve()
     cases = mine_cases(repo_path, limit)
     if not cases:
@@ -187,14 +291,38 @@ def evaluate(
             grep = partial(grep_words, worktree)
             ranks: dict[str, int] = {}
             top: list[str] = []
+            hunks = fix_hunks(repo_path, case)
+            covered: dict[str, dict[int, int]] = {}
             for mode in MODES:
                 ranking = rank(graph, case.task, mode, history, grep)  # type: ignore[arg-type]
-                order = [graph["paths"][i] for i in ranking.order]
-                position = {p: k + 1 for k, p in enumerate(order)}
-                found = [position[g] for g in case.gold if g in position]
-                ranks[mode] = min(found) if found else 0
+                ranks[mode] = _first_gold(graph, ranking.order, case.gold)
                 if mode == "fused":
-                    top = order[:5]
+                    top = [graph["paths"][i] for i in ranking.order[:5]]
+                for variant, (v_mode, symbols, ablate) in VARIANTS.items():
+                    scored = bool(hunks) and variant in chosen_variants
+                    if v_mode != mode or not (scored or variant == "full"):
+                        continue
+                    hits = rank_symbols(graph, ranking, worktree, ablate=ablate) if symbols else []
+                    if variant == "full":  # the files as the pack orders them: by symbols too
+                        ranks["full"] = _first_gold(
+                            graph, rerank_files(graph, ranking, hits).order, case.gold
+                        )
+                    if scored:
+                        covered[variant] = {
+                            b: covered_hunks(
+                                fill_pack(
+                                    graph,
+                                    ranking,
+                                    worktree,
+                                    case.task,
+                                    b,
+                                    symbols=symbols,
+                                    hits=hits,
+                                ),
+                                hunks,
+                            )
+                            for b in budgets
+                        }
             results.append(
                 CaseResult(
                     commit=case.commit[:12],
@@ -202,6 +330,8 @@ def evaluate(
                     gold=case.gold,
                     rank=ranks,
                     top=top,
+                    hunks=len(hunks),
+                    covered=covered,
                 )
             )
             if progress:
@@ -213,5 +343,12 @@ def evaluate(
         )
         subprocess.run(["git", "-C", str(repo_path), "worktree", "prune"], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
-    metrics = {mode: _metrics([r.rank[mode] for r in results]) for mode in MODES}
-    return EvalReport(repo=str(repo), cases=len(results), metrics=metrics, results=results)
+    metrics = {
+        mode: _metrics([r.rank[mode] for r in results])
+        for mode in ("full", *MODES)
+        if all(mode in r.rank for r in results)
+    }
+    edit = {v: {b: _edit_metrics(results, v, b) for b in budgets} for v in chosen_variants}
+    return EvalReport(
+        repo=str(repo), cases=len(results), metrics=metrics, edit=edit, results=results
+    )

@@ -14,20 +14,24 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from hybrid.context.bodies import BodyPacker
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import importers
+from hybrid.context.graph import GraphData, importers
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex
-from hybrid.context.ranking import Mode, rank
+from hybrid.context.ranking import Mode, Ranking, rank
 from hybrid.context.repomap import load_graph, render_map
 from hybrid.context.resolve import is_test_path
 from hybrid.context.skeletons import skeleton_source
+from hybrid.context.symbols import SymbolHit, rank_symbols, rerank_files
+from hybrid.context.tags import Definition
 from hybrid.context.text import count_tokens, name_terms
 from hybrid.errors import ContextError
 
 PRIMARY_FILES = 3
 PRIMARY_SHARE = 0.55
+BODY_SHARE = 0.65
 NEIGHBOUR_SHARE = 0.15
 TEST_SHARE = 0.10
 MAP_MIN_SHARE = 0.15
@@ -43,6 +47,10 @@ class PackItem(BaseModel):
     reason: str = Field(description="why this item was chosen")
     tokens: int
     text: str
+    spans: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="1-based line ranges of the file whose full text (bodies) the item holds",
+    )
 
 
 class ContextPack(BaseModel):
@@ -65,11 +73,11 @@ def _read(root: Path, path: str) -> bytes | None:
 
 def _symbol_bodies(
     index: RepoIndex, root: Path, path: str, wanted: dict[str, float], budget: int
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[str], list[tuple[int, int]]]:
     """Full bodies of the file's definitions that the task is about, best first."""
     data = _read(root, path)
     if data is None:
-        return "", []
+        return "", [], []
     lines = data.decode("utf-8", "replace").splitlines()
     tags = index.tags(path)
     picked = [d for d in tags.definitions if d.name in wanted and d.kind != "local"]
@@ -91,7 +99,7 @@ def _symbol_bodies(
         names.append(d.name)
         covered.append((d.line, d.end_line))
         used += cost
-    return "".join(out), names
+    return "".join(out), names, covered
 
 
 def _skeleton_item(
@@ -141,18 +149,65 @@ def context_pack(
         raise ContextError("the token budget must be at least 64")
     root_path = Path(root)
     graph = load_graph(root_path, cache=cache, progress=progress)
+    ranking = rank(graph, task, mode, recent_changes(root_path), partial(grep_words, root_path))
+    return fill_pack(graph, ranking, root_path, task, tokens)
+
+
+def _ranked_bodies(
+    graph: GraphData, ranking: Ranking, root: Path, hits: list[SymbolHit], budget: int
+) -> tuple[list[PackItem], list[int], int]:
+    """Bodies of the best symbols, in symbol order across files, grouped per file."""
+    index: RepoIndex = graph["_index"]
+    paths: list[str] = graph["paths"]
+    langs = {paths[h.file]: graph["langs"][h.file] for h in hits}
+    packer = BodyPacker(root, langs, budget)
+    defs_of: dict[str, list[Definition]] = {}
+    for hit in hits:
+        if budget - packer.used < 24:
+            break
+        if hit.path not in defs_of:
+            defs_of[hit.path] = list(index.tags(hit.path).definitions)
+        packer.add(hit, defs_of[hit.path])
+    file_of = {h.path: h.file for h in hits}
+    items: list[PackItem] = []
+    used = 0
+    for path, text, spans, names, whole in packer.result():
+        i = file_of[path]
+        rank_no = ranking.order.index(i) + 1
+        why = "; ".join(ranking.reasons.get(i, [])) or "ranked"
+        what = "whole file" if whole else "bodies of " + ", ".join(names[:8])
+        cost = count_tokens(text)
+        items.append(
+            PackItem(
+                kind="file" if whole else "symbols",
+                path=path,
+                reason=f"file rank {rank_no}: {why}; {what}",
+                tokens=cost,
+                text=text,
+                spans=spans,
+            )
+        )
+        used += cost
+    return items, [file_of[p] for p in packer.order], used
+
+
+def _primary_files(
+    graph: GraphData,
+    ranking: Ranking,
+    root_path: Path,
+    tokens: int,
+    map_reserve: int,
+    primary_budget: int,
+) -> tuple[list[PackItem], list[int], int]:
+    """The file-first pack: the top files whole, else their matching symbols' bodies."""
     index: RepoIndex = graph["_index"]
     paths: list[str] = graph["paths"]
     langs: list[str] = graph["langs"]
-    ranking = rank(graph, task, mode, recent_changes(root_path), partial(grep_words, root_path))
     sym_index = {s: j for j, s in enumerate(graph["symbols"])}
     items: list[PackItem] = []
     used = 0
-    map_reserve = max(32, int(tokens * MAP_MIN_SHARE))
-
     # 1. primary files: full text, else the relevant symbols' bodies, else a skeleton
     primary: list[int] = [i for i in ranking.order if not graph["tests"][i]][:PRIMARY_FILES]
-    primary_budget = int(tokens * PRIMARY_SHARE)
     included: list[int] = []
     for rank_no, i in enumerate(primary, 1):
         path = paths[i]
@@ -168,7 +223,17 @@ def context_pack(
         text = f"# {path}\n" + data.decode("utf-8", "replace")
         cost = count_tokens(text)
         if cost <= room:
-            items.append(PackItem(kind="file", path=path, reason=reason, tokens=cost, text=text))
+            n_lines = max(1, text.count("\n"))
+            items.append(
+                PackItem(
+                    kind="file",
+                    path=path,
+                    reason=reason,
+                    tokens=cost,
+                    text=text,
+                    spans=[(1, n_lines)],
+                )
+            )
             used += cost
             included.append(i)
             continue
@@ -181,7 +246,7 @@ def context_pack(
             if j is not None and d.name not in wanted and not d.name.startswith("__"):
                 overlap = len(task_terms.intersection(name_terms(d.name)))
                 wanted[d.name] = 0.5 * overlap + float(ranking.symbol_score[j])
-        body, names = _symbol_bodies(index, root_path, path, wanted, room)
+        body, names, spans = _symbol_bodies(index, root_path, path, wanted, room)
         if body:
             cost = count_tokens(body)
             items.append(
@@ -191,6 +256,7 @@ def context_pack(
                     reason=f"{reason}; file too large, bodies of {', '.join(names[:8])}",
                     tokens=cost,
                     text=body,
+                    spans=spans,
                 )
             )
             used += cost
@@ -203,7 +269,44 @@ def context_pack(
             items.append(item)
             used += item.tokens
             included.append(i)
-    primary = included
+    return items, included, used
+
+
+def fill_pack(
+    graph: GraphData,
+    ranking: Ranking,
+    root_path: Path,
+    task: str,
+    tokens: int,
+    *,
+    symbols: bool = True,
+    ablate: frozenset[str] = frozenset(),
+    hits: list[SymbolHit] | None = None,
+) -> ContextPack:
+    """Fill ``tokens`` for an already ranked graph (so one ranking serves many budgets).
+
+    With ``symbols`` (the default) the bodies of the best-ranked symbols fill the body
+    budget across files; without it, the top files go in whole or by their matching
+    symbols (the earlier, file-first pack). ``ablate`` leaves symbol signals out;
+    ``hits`` (from ``rank_symbols``) saves ranking the symbols again for another budget.
+    """
+    paths: list[str] = graph["paths"]
+    langs: list[str] = graph["langs"]
+    items: list[PackItem] = []
+    map_reserve = max(32, int(tokens * MAP_MIN_SHARE))
+    if not symbols:
+        hits = []
+    elif hits is None:
+        hits = rank_symbols(graph, ranking, root_path, ablate=ablate)
+    if symbols:
+        ranking = rerank_files(graph, ranking, hits)
+        primary_budget = min(int(tokens * BODY_SHARE), tokens - map_reserve)
+        items, primary, used = _ranked_bodies(graph, ranking, root_path, hits, primary_budget)
+    else:
+        primary_budget = int(tokens * PRIMARY_SHARE)
+        items, primary, used = _primary_files(
+            graph, ranking, root_path, tokens, map_reserve, primary_budget
+        )
 
     # 2. neighbours: what the primary files import and what imports them
     reverse = importers(graph)
@@ -258,7 +361,9 @@ def context_pack(
             chosen.add(paths[t])
 
     # 4. the map of everything else, with all the budget left
-    map_text, entries = render_map(graph, ranking, tokens - used, exclude=chosen)
+    # files packed in part stay on the map, led by the symbols whose bodies were packed
+    whole = {item.path for item in items if item.kind != "symbols" and item.path}
+    map_text, entries = render_map(graph, ranking, tokens - used, exclude=whole, hits=hits)
     if map_text:
         cost = count_tokens(map_text)
         items.insert(
@@ -272,7 +377,7 @@ def context_pack(
         )
         used += cost
     return ContextPack(
-        root=str(root),
+        root=str(root_path),
         task=task,
         budget=tokens,
         tokens=used,

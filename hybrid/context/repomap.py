@@ -14,10 +14,13 @@ from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
 from hybrid.context.ranking import Mode, Ranking, rank
+from hybrid.context.symbols import SymbolHit, rank_symbols, rerank_files
+from hybrid.context.tags import qualified_signature
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
 
 _MAX_SIGNATURES_PER_FILE = 12
+_WIDTH = 100
 
 
 class MapEntry(BaseModel):
@@ -75,8 +78,15 @@ def load_graph(
 
 
 def _symbol_lines(
-    sym_index: dict[str, int], ranking: Ranking, index: RepoIndex, path: str, limit: int
-) -> list[str]:
+    sym_index: dict[str, int],
+    ranking: Ranking,
+    index: RepoIndex,
+    path: str,
+    limit: int,
+    hits: list[SymbolHit] | None = None,
+) -> list[tuple[int, str]]:
+    if hits:  # ranked for the task: the same symbols the pack's bodies hold
+        return [(h.definition.line, qualified_signature(h.definition)) for h in hits[:limit]]
     try:
         tags = index.tags(path)
     except ContextError:
@@ -95,15 +105,29 @@ def _symbol_lines(
             s = s * 2 + 1e-6
         scored.append((-s, d.line, d))
     chosen = sorted(scored, key=lambda t: (t[0], t[1]))[:limit]
-    return [f"{d.line:>5}: {d.signature}" for _, _, d in chosen]  # most relevant first
+    return [(d.line, qualified_signature(d)) for _, _, d in chosen]  # most relevant first
 
 
-def _block(path: str, lines: list[str]) -> str:
+def _wrap(line: int, signature: str) -> str:
+    """``  120: def f(a, b,`` then continuation lines under the signature: never cut."""
+    head = f"  {line:>5}: "
+    pad = " " * len(head)
+    out: list[str] = []
+    current = head
+    for word in signature.split(" "):
+        if len(current) + len(word) + 1 > _WIDTH and current.strip() and current != head:
+            out.append(current.rstrip())
+            current = pad
+        current += word + " "
+    out.append(current.rstrip())
+    return "\n".join(out) + "\n"
+
+
+def _block(path: str, lines: list[tuple[int, str]]) -> str:
     """A file's map entry, its signatures in line order."""
     if not lines:
         return path + "\n"
-    ordered = sorted(lines, key=lambda ln: int(ln.split(":", 1)[0]))
-    return path + ":\n" + "".join(f"  {ln}\n" for ln in ordered)
+    return path + ":\n" + "".join(_wrap(n, sig) for n, sig in sorted(lines))
 
 
 def render_map(
@@ -113,8 +137,14 @@ def render_map(
     *,
     exclude: set[str] | None = None,
     counter: Callable[[str], int] = count_tokens,
+    hits: list[SymbolHit] | None = None,
 ) -> tuple[str, list[MapEntry]]:
-    """Text of the map for ``ranking`` that fits in ``tokens`` (whole files or nothing)."""
+    """Text of the map for ``ranking`` that fits in ``tokens`` (whole files or nothing).
+
+    Files with ranked symbols (``hits``, see ``rank_symbols``) list those, best first."""
+    hits_of: dict[str, list[SymbolHit]] = {}
+    for h in hits or []:
+        hits_of.setdefault(h.path, []).append(h)
     index: RepoIndex = graph["_index"]
     paths = graph["paths"]
     parts: list[str] = []
@@ -130,13 +160,15 @@ def render_map(
         left = tokens - used
         if left < 4:
             break
-        lines: list[str] = []
+        lines: list[tuple[int, str]] = []
         if left > 24:  # room for signatures: read this file's tags (batched, as far as needed)
             if k % 40 == 0 or path not in loaded:
                 batch = [paths[j] for j in ranking.order[k : k + 40]]
                 index.payloads(batch)
                 loaded.update(batch)
-            lines = _symbol_lines(sym_index, ranking, index, path, _MAX_SIGNATURES_PER_FILE)
+            lines = _symbol_lines(
+                sym_index, ranking, index, path, _MAX_SIGNATURES_PER_FILE, hits_of.get(path)
+            )
         block = _block(path, lines)
         cost = counter(block)
         while lines and cost > left:  # drop the least relevant signatures until it fits
@@ -151,7 +183,7 @@ def render_map(
             MapEntry(
                 path=path,
                 score=round(float(ranking.score[i]), 6),
-                signatures=sorted(lines, key=lambda ln: int(ln.split(":", 1)[0])),
+                signatures=[f"{n}: {sig}" for n, sig in sorted(lines)],
                 reasons=ranking.reasons.get(i, []),
             )
         )
@@ -175,7 +207,10 @@ def repo_map(
     history = recent_changes(root) if task else None
     grep = partial(grep_words, root) if task else None
     ranking = rank(graph, task, mode, history, grep)
-    text, entries = render_map(graph, ranking, tokens)
+    hits = rank_symbols(graph, ranking, root) if task else None
+    if hits:
+        ranking = rerank_files(graph, ranking, hits)
+    text, entries = render_map(graph, ranking, tokens, hits=hits)
     return RepoMap(
         root=str(root),
         task=task,

@@ -147,7 +147,8 @@ def python_skeleton(source: bytes) -> str:
 
 
 def generic_skeleton(source: bytes, lang: str) -> str:
-    """Skeleton for brace and ``end`` languages: function bodies become ``{ ... }``/``...``."""
+    """Skeleton for brace and ``end`` languages: function bodies become ``{ /* ... */ }``
+    (``# ...`` in Ruby), which parse again: no new tree-sitter ERROR nodes."""
     _, parser, _ = grammar(lang)
     tree = parser.parse(source)
     cuts: list[tuple[int, int, str]] = []
@@ -157,13 +158,17 @@ def generic_skeleton(source: bytes, lang: str) -> str:
         if node.type in _FUNCTION_TYPES:
             body = node.child_by_field_name("body")
             if body is not None and body.end_byte > body.start_byte:
+                # placeholders the grammar accepts, so the skeleton parses again
+                if lang == "ruby":
+                    after = source[body.end_byte : body.end_byte + 1]
+                    cuts.append(
+                        (body.start_byte, body.end_byte, "# ..." if after == b"\n" else "# ...\n")
+                    )
+                    continue
                 if source[body.start_byte : body.start_byte + 1] == b"{":
-                    cuts.append((body.start_byte, body.end_byte, "{ ... }"))
-                elif lang == "ruby":
-                    cuts.append((body.start_byte, body.end_byte, "..."))
-                else:
-                    cuts.append((body.start_byte, body.end_byte, "..."))
-                continue
+                    cuts.append((body.start_byte, body.end_byte, "{ /* ... */ }"))
+                    continue
+                # an expression body (x => x + 1) is kept: short, and "..." would not parse
         stack.extend(node.children)
     cuts.sort()
     pieces: list[bytes] = []

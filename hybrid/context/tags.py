@@ -8,6 +8,7 @@ Languages without a grammar fall back to universal-ctags (definitions only).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from collections import Counter
@@ -19,11 +20,11 @@ from hybrid.context.text import name_terms, terms
 if TYPE_CHECKING:
     from tree_sitter import Node
 
-# (lang, defs, refs, imports, terms, error); defs are (name, kind, line, end_line, signature);
+# (lang, defs, refs, imports, terms, error); defs are (name, kind, line, end_line, signature,
+# scope) with scope the dotted names of the enclosing classes/modules/impls ("" at top level);
 # terms are the file's BM25 term frequencies over symbol names, docstrings and references.
-Payload = tuple[
-    str, list[tuple[str, str, int, int, str]], dict[str, int], list[str], dict[str, int], str
-]
+DefTuple = tuple[str, str, int, int, str, str]
+Payload = tuple[str, list[DefTuple], dict[str, int], list[str], dict[str, int], str]
 
 _CLIMB = frozenset(
     {
@@ -35,18 +36,45 @@ _CLIMB = frozenset(
         "template_function",
     }
 )
-_MAX_SIGNATURE = 200
+# Signatures are kept whole (the map wraps them); this only stops a pathological one.
+_MAX_SIGNATURE = 2000
 _MAX_DOC_CHARS = 4000
+_TIGHT_OPEN = re.compile(r"([(\[]) ")
+_TIGHT_CLOSE = re.compile(r",? ([)\]])")
+# Nodes that open a named scope, and the field holding the name.
+_SCOPES: dict[str, str] = {
+    "class_definition": "name",  # python
+    "class_declaration": "name",  # js, ts, java
+    "abstract_class_declaration": "name",
+    "class": "name",  # js class expression, ruby
+    "module": "name",  # ruby, ts namespace
+    "interface_declaration": "name",
+    "enum_declaration": "name",
+    "record_declaration": "name",
+    "impl_item": "type",  # rust
+    "trait_item": "name",
+    "mod_item": "name",
+    "class_specifier": "name",  # c++
+    "struct_specifier": "name",
+    "namespace_definition": "name",
+}
 
 
 class Definition(NamedTuple):
-    """One definition: name, kind (class, function, method, ...), 1-based line span, signature."""
+    """One definition: name, kind (class, function, method, ...), 1-based line span,
+    signature, and the dotted scope that encloses it ("" at top level)."""
 
     name: str
     kind: str
     line: int
     end_line: int
     signature: str
+    scope: str = ""
+
+    @property
+    def qualified(self) -> str:
+        """``Scope.name`` (``Session.request``), or the bare name at top level."""
+        return f"{self.scope}.{self.name}" if self.scope else self.name
 
 
 class FileTags(NamedTuple):
@@ -82,6 +110,13 @@ def _definition_node(name_node: Node) -> Node:
     node = name_node.parent
     while node is not None and node.type in _CLIMB:
         node = node.parent
+    if (
+        node is not None
+        and node.type == "member_expression"
+        and node.parent is not None
+        and node.parent.type == "assignment_expression"
+    ):
+        return node.parent  # res.send = function send() {...}: the whole assignment
     return node if node is not None else name_node
 
 
@@ -101,6 +136,53 @@ def _python_kind(node: Node) -> str:
     return "function"
 
 
+def _scope_name(node: Node, field: str) -> str:
+    named = node.child_by_field_name(field)
+    if named is None:
+        return ""
+    if named.type in ("generic_type", "scoped_type_identifier", "scope_resolution"):
+        inner = named.child_by_field_name("type") or named.child_by_field_name("name")
+        named = inner if inner is not None else named
+    return _text(named).split("<", 1)[0].strip()
+
+
+def _go_receiver(node: Node) -> str:
+    receiver = node.child_by_field_name("receiver")
+    if receiver is None:
+        return ""
+    found = ""
+    stack = [receiver]
+    while stack:  # the receiver's type name: (c *Command) or (r Router[T]) -> the identifier
+        current = stack.pop()
+        if current.type == "type_identifier":
+            found = found or _text(current)
+        stack.extend(reversed(current.children))
+    return found
+
+
+def _scope(node: Node, name_node: Node) -> str:
+    """Dotted names of the classes, modules, impls ... around a definition node."""
+    if node.type == "method_declaration" and node.child_by_field_name("receiver") is not None:
+        return _go_receiver(node)
+    parts: list[str] = []
+    parent = node.parent
+    while parent is not None:
+        field = _SCOPES.get(parent.type)
+        if field is not None and parent is not node:
+            name = _scope_name(parent, field)
+            if name:
+                parts.append(name)
+        parent = parent.parent
+    outer = name_node.parent
+    if outer is not None and outer.type in ("qualified_identifier", "member_expression"):
+        # C++ Foo::bar, JS res.send = function ...
+        field = "scope" if outer.type == "qualified_identifier" else "object"
+        scope_node = outer.child_by_field_name(field)
+        if scope_node is not None:
+            parts.insert(0, _text(scope_node).replace("::", "."))
+    return ".".join(reversed(parts))
+
+
 def _signature(node: Node, source: bytes) -> str:
     body = node.child_by_field_name("body")
     if body is None and node.type == "variable_declarator":
@@ -112,10 +194,40 @@ def _signature(node: Node, source: bytes) -> str:
         end = source.find(b"\n", node.start_byte, node.end_byte)
         raw = source[node.start_byte : end if end != -1 else node.end_byte]
     text = " ".join(raw.decode("utf-8", "replace").split())
+    text = _TIGHT_OPEN.sub(r"\1", _TIGHT_CLOSE.sub(r"\1", text))  # "f( a, )" -> "f(a)"
     text = text.rstrip("{").rstrip()
     if len(text) > _MAX_SIGNATURE:
         text = text[: _MAX_SIGNATURE - 3] + "..."
     return text
+
+
+def qualified_signature(d: Definition) -> str:
+    """The signature with the name written as ``Scope.name`` (``def Session.request(...)``),
+    unless the signature already names the scope (a Go receiver)."""
+    if not d.scope:
+        return d.signature
+    sig = d.signature
+    at = _word_at(sig, d.name)
+    if at < 0:
+        return f"{d.scope}.{sig}" if sig.startswith(d.name) else sig
+    last = d.scope.rsplit(".", 1)[-1]
+    if _word_at(sig[:at], last) >= 0:
+        return sig
+    return sig[:at] + d.scope + "." + sig[at:]
+
+
+def _word_at(text: str, word: str) -> int:
+    """Index of ``word`` in ``text`` as a whole identifier, or -1."""
+    start = 0
+    while True:
+        at = text.find(word, start)
+        if at < 0:
+            return -1
+        before = text[at - 1] if at else " "
+        after = text[at + len(word) : at + len(word) + 1] or " "
+        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
+            return at
+        start = at + 1
 
 
 def extract(source: bytes, lang: str) -> Payload:
@@ -125,7 +237,7 @@ def extract(source: bytes, lang: str) -> Payload:
     _, parser, query = grammar(lang)
     tree = parser.parse(source)
     captures = QueryCursor(query).captures(tree.root_node)
-    defs: list[tuple[str, str, int, int, str]] = []
+    defs: list[DefTuple] = []
     raw_refs: Counter[bytes | None] = Counter()  # decoded once per distinct name, below
     imports: list[str] = []
     docs: list[str] = []
@@ -144,6 +256,7 @@ def extract(source: bytes, lang: str) -> Payload:
                         node.start_point[0] + 1,
                         node.end_point[0] + 1,
                         _signature(node, source),
+                        _scope(node, name_node),
                     )
                 )
         elif capture == "reference.import":
@@ -172,9 +285,7 @@ REF_CAP = 3
 _TERM_KINDS = frozenset({"class", "function", "method", "interface", "type", "module", "macro"})
 
 
-def file_terms(
-    defs: list[tuple[str, str, int, int, str]], docs: list[str], refs: dict[str, int]
-) -> dict[str, int]:
+def file_terms(defs: list[DefTuple], docs: list[str], refs: dict[str, int]) -> dict[str, int]:
     """BM25 term frequencies of one file: definition names weigh double, references count
     at most three times each, docstrings count as written."""
     tf: Counter[str] = Counter(terms("\n".join(docs)))
@@ -233,7 +344,7 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
         for path, lang in files:
             result[path] = (lang, [], {}, [], {}, f"ctags failed: {exc}")
         return result
-    defs: dict[str, list[tuple[str, str, int, int, str]]] = {p: [] for p, _ in files}
+    defs: dict[str, list[DefTuple]] = {p: [] for p, _ in files}
     for line in out.stdout.splitlines():
         try:
             tag = json.loads(line)
@@ -251,6 +362,7 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
                 lineno,
                 int(tag.get("end", lineno)),
                 signature,
+                str(tag.get("scope", "")).replace("::", "."),
             )
         )
     for path, lang in files:

@@ -57,19 +57,33 @@ def name_terms(name: str) -> list[str]:
     return got
 
 
+_IDENT_MEMO: dict[str, list[str]] = {}
+
+
+def ident_terms(ident: str) -> list[str]:
+    """BM25 terms of one identifier as ``terms`` splits it (memoized)."""
+    got = _IDENT_MEMO.get(ident)
+    if got is None:
+        got = []
+        parts = split_identifier(ident)
+        if len(parts) > 1:
+            whole = ident.lower()
+            if whole not in STOPWORDS:
+                got.append(whole)
+        for part in parts:
+            if len(part) > 1 and part not in STOPWORDS:
+                got.append(stem(part))
+        if len(_IDENT_MEMO) < 500_000:
+            _IDENT_MEMO[ident] = got
+    return got
+
+
 def terms(text: str) -> list[str]:
     """BM25 terms of free text or code: identifiers split into stemmed sub-words, plus the
     whole identifier when it is compound."""
     out: list[str] = []
     for ident in IDENT_RE.findall(text):
-        parts = split_identifier(ident)
-        if len(parts) > 1:
-            whole = ident.lower()
-            if whole not in STOPWORDS:
-                out.append(whole)
-        for part in parts:
-            if len(part) > 1 and part not in STOPWORDS:
-                out.append(stem(part))
+        out.extend(ident_terms(ident))
     return out
 
 

@@ -61,7 +61,7 @@ def test_mine_cases_is_deterministic(history_repo: Path) -> None:
 def test_evaluate_reports_all_modes(history_repo: Path) -> None:
     report = evaluate(history_repo, 10)
     assert report.cases == 3
-    assert set(report.metrics) == {"fused", "bm25", "graph"}
+    assert set(report.metrics) == {"full", "fused", "bm25", "graph"}
     assert report.metrics["fused"].acc_at_1 == 1.0
     for m in report.metrics.values():
         assert 0 <= m.acc_at_1 <= m.acc_at_5 <= 1 and 0 <= m.mrr <= 1
@@ -128,3 +128,54 @@ def test_ctags_fallback_for_languages_without_grammar(tmp_path: Path) -> None:
     tags = index.tags("util.lua")
     assert tags.lang == "ctags:Lua"
     assert {"helper"} <= {d.name for d in tags.definitions}
+
+
+def test_fix_hunks_and_coverage(history_repo: Path, git: Any) -> None:
+    """Hunks are parent lines; a pure insertion counts as the line it follows; only bodies
+    (whole files, symbol spans) cover a hunk, never a skeleton."""
+    from hybrid.context.evaluation import covered_hunks, fix_hunks
+    from hybrid.context.pack import ContextPack, PackItem
+
+    pricing = history_repo / "shop/pricing.py"
+    pricing.write_text(
+        pricing.read_text().replace("TAX_RATE = 0.2\n", "TAX_RATE = 0.2\nLIMIT = 1\n")
+    )
+    git(history_repo, "commit", "-qam", "fix: a limit")
+    case = mine_cases(history_repo, 1)[0]
+    hunks = fix_hunks(history_repo, case)
+    assert [(h.path, h.lines) for h in hunks] == [("shop/pricing.py", (3, 3))]
+
+    def pack(*items: PackItem) -> ContextPack:
+        return ContextPack(root=".", task="t", budget=1, tokens=0, items=list(items), ranking=[])
+
+    body = PackItem(
+        kind="symbols", path="shop/pricing.py", reason="r", tokens=1, text="", spans=[(1, 3)]
+    )
+    elsewhere = PackItem(
+        kind="symbols", path="shop/pricing.py", reason="r", tokens=1, text="", spans=[(6, 10)]
+    )
+    skeleton = PackItem(kind="skeleton", path="shop/pricing.py", reason="r", tokens=1, text="")
+    assert covered_hunks(pack(body), hunks) == 1
+    assert covered_hunks(pack(elsewhere, skeleton), hunks) == 0
+
+
+def test_evaluate_reports_edit_site_recall(history_repo: Path) -> None:
+    report = evaluate(history_repo, 10, budgets=(64, 2000))
+    assert set(report.edit) >= {"full"}
+    for per_budget in report.edit.values():
+        assert set(per_budget) == {64, 2000}
+    # every file of the shop fits in 2000 tokens: each fix's hunk is in a packed body
+    assert report.edit["full"][2000].task_recall == 1.0
+    assert all(r.hunks == 1 for r in report.results)
+    assert report.edit["full"][64].hunk_recall < 1.0
+
+
+def test_cli_eval_prints_edit_site_recall_with_ablations(history_repo: Path) -> None:
+    runner = CliRunner(env={"COLUMNS": "200"})
+    out = runner.invoke(cli, ["context", "eval", str(history_repo), "--limit", "5"])
+    assert out.exit_code == 0, out.output
+    assert "edit-site recall" in out.output
+    for label in ("full (symbol ranking)", "- symbol ranking", "- body text", "- recent history"):
+        assert label in out.output
+    for budget in ("2k", "4k", "8k", "16k"):
+        assert budget in out.output

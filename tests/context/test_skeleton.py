@@ -90,40 +90,61 @@ def test_python_skeletons_of_this_package_parse() -> None:
         (
             "javascript",
             "import x from './x';\nfunction f(a) {\n  const hidden = a + 1;\n  return hidden;\n}\n",
-            "function f(a) { ... }",
+            "function f(a) { /* ... */ }",
             "hidden",
         ),
         (
             "go",
             "package m\n\nfunc Add(a, b int) int {\n\tsum := a + b\n\treturn sum\n}\n",
-            "func Add(a, b int) int { ... }",
+            "func Add(a, b int) int { /* ... */ }",
             "sum :=",
         ),
         (
             "rust",
             "pub fn area(r: f64) -> f64 {\n    let pi = 3.14;\n    pi * r * r\n}\n",
-            "pub fn area(r: f64) -> f64 { ... }",
+            "pub fn area(r: f64) -> f64 { /* ... */ }",
             "let pi",
         ),
         (
             "java",
             "class A {\n  int f(int x) {\n    int hidden = x;\n    return hidden;\n  }\n}\n",
-            "int f(int x) { ... }",
+            "int f(int x) { /* ... */ }",
             "hidden",
         ),
         (
             "c",
             "#include <stdio.h>\nint main(void) {\n  int hidden = 1;\n  return hidden;\n}\n",
-            "int main(void) { ... }",
+            "int main(void) { /* ... */ }",
             "hidden",
         ),
         ("ruby", "class A\n  def run(x)\n    hidden = x\n  end\nend\n", "def run(x)", "hidden"),
+        ("ruby", "class A\n  def opts; { hidden: 1 } end\nend\n", "def opts;", "hidden"),
+        (
+            "typescript",
+            "class A {\n  run(x: number): number {\n    const hidden = x;\n    return hidden;\n  }\n}\n",
+            "run(x: number): number { /* ... */ }",
+            "hidden",
+        ),
     ],
 )
 def test_other_languages_elide_bodies(lang: str, source: str, kept: str, dropped: str) -> None:
     out = skeleton_source(source.encode(), lang)
     assert kept in out
     assert dropped not in out
+    assert _errors(out.encode(), lang) == 0, out  # the skeleton parses again
+
+
+def _errors(source: bytes, lang: str) -> int:
+    from hybrid.context.languages import grammar
+
+    _, parser, _ = grammar(lang)
+    stack = [parser.parse(source).root_node]
+    found = 0
+    while stack:
+        node = stack.pop()
+        found += node.type == "ERROR" or node.is_missing
+        stack.extend(node.children)
+    return found
 
 
 def test_unsupported_file(tmp_path: Path) -> None:

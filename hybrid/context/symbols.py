@@ -1,0 +1,312 @@
+"""Rank the symbols (functions, methods, classes) of the best files for a task.
+
+A file ranking finds where to look; a fix changes a few bodies inside those files. Every
+definition of the top files is scored by:
+
+* ``name``: the task names it (``request``, ``Session.request``) or shares words with its name;
+* ``text``: BM25 of the task's words over its body and docstring;
+* ``graph``: its callers and callees among the candidates score well (one step of spreading);
+* ``tests``: test functions whose names share the task's words call it;
+* ``history``: recent commits changed its lines;
+
+on top of its file's score. Each signal can be left out (``ablate``) for the evaluation.
+Ties break by path and line, so the order is the same in every process.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hybrid.context.graph import GraphData
+from hybrid.context.index import RepoIndex
+from hybrid.context.ranking import Ranking
+from hybrid.context.tags import Definition
+from hybrid.context.text import IDENT_RE, ident_terms, name_terms
+from hybrid.errors import ContextError
+
+SIGNALS = ("name", "text", "graph", "tests", "history")
+CANDIDATE_FILES = 8
+TEST_FILES = 6
+HISTORY_COMMITS = 30
+W_FILE = 1.0
+W_NAME = 0.8
+W_TEXT = 1.0
+W_GRAPH = 0.3
+W_TESTS = 0.3
+W_HISTORY = 0.2
+W_RERANK = 0.5  # weight of a file's best symbol when the top files are reordered
+K1 = 1.2
+B = 0.75
+_BODY_KINDS = frozenset({"function", "method", "class", "constant", "macro", "type", "interface"})
+_CONTAINER_KINDS = frozenset({"class", "interface", "module", "type"})
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", re.M)
+
+
+@dataclass(frozen=True)
+class SymbolHit:
+    """One ranked definition of one file."""
+
+    file: int
+    path: str
+    definition: Definition
+    score: float
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+    start: int = 0  # first line of the body with its doc comment and decorators (0: line)
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """Lines of the definition with the comments and decorators right above it."""
+        return (self.start or self.definition.line, self.definition.end_line)
+
+
+_LEAD = ("//", "/*", "*", "#", "@", "--")
+_NOT_LEAD = ("#include", "#define", "#if", "#endif", "#else", "#pragma", "#import", "#!")
+
+
+def leading_start(lines: list[str], line: int) -> int:
+    """First line of the comment block and decorators directly above 1-based ``line``."""
+    start = line
+    while start > 1:
+        above = lines[start - 2].strip()
+        if not above or not above.startswith(_LEAD) or above.startswith(_NOT_LEAD):
+            break
+        start -= 1
+    return start
+
+
+def _lines(root: Path, path: str) -> list[str] | None:
+    try:
+        return (root / path).read_text("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+
+
+def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
+    """Lines (of today's files, approximately) changed by the last commits, per path."""
+    if not paths:
+        return {}
+    cmd = ["git", "-C", str(root), "log", f"-n{HISTORY_COMMITS}", "--no-merges", "-U0"]
+    cmd += ["--format=%x00", "--relative", "--", *paths]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if out.returncode != 0:
+        return {}
+    touched: dict[str, Counter[int]] = {}
+    current = ""
+    for line in out.stdout.splitlines():
+        if line.startswith("+++ "):
+            current = line[6:] if line.startswith("+++ b/") else ""
+        elif current and line.startswith("@@"):
+            match = _HUNK.match(line)
+            if match:
+                start = int(match.group(1))
+                count = 1 if match.group(2) is None else int(match.group(2))
+                counter = touched.setdefault(current, Counter())
+                for n in range(start, start + max(count, 1)):
+                    counter[n] += 1
+    return touched
+
+
+def _test_calls(
+    graph: GraphData, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
+) -> Counter[str]:
+    """Names called by the best test files' test functions whose names share task words,
+    weighted by how many words they share."""
+    paths = graph["paths"]
+    called: Counter[str] = Counter()
+    tests = [i for i in ranking.order if graph["tests"][i]][:TEST_FILES]
+    for i in tests:
+        try:
+            tags = index.tags(paths[i])
+        except ContextError:
+            continue
+        lines = None
+        for d in tags.definitions:
+            if d.kind == "local" or d.kind in _CONTAINER_KINDS:
+                continue
+            shared = len(query.intersection(name_terms(d.name)))
+            if not shared:
+                continue
+            if lines is None:
+                lines = _lines(root, paths[i]) or []
+            for name in set(IDENT_RE.findall("\n".join(lines[d.line : d.end_line]))):
+                called[name] += shared
+    return called
+
+
+def rank_symbols(
+    graph: GraphData,
+    ranking: Ranking,
+    root: str | Path,
+    *,
+    files: Iterable[int] | None = None,
+    ablate: frozenset[str] = frozenset(),
+) -> list[SymbolHit]:
+    """Definitions of the best non-test files (or of ``files``), best first."""
+    root_path = Path(root)
+    index: RepoIndex = graph["_index"]
+    paths: list[str] = graph["paths"]
+    if files is None:
+        files = [i for i in ranking.order if not graph["tests"][i]][:CANDIDATE_FILES]
+    file_ids = list(dict.fromkeys(files))
+    index.payloads([paths[i] for i in file_ids])
+    top_score = max((float(ranking.score[i]) for i in file_ids), default=0.0) or 1.0
+    query = set(ranking.task.terms)
+    mentioned = ranking.task.symbols
+    task_words = set(ranking.task.terms)
+
+    # candidates, with per-body term statistics from one pass over each file's lines
+    defs_of: list[tuple[int, list[Definition], list[str]]] = []
+    for i in file_ids:
+        try:
+            tags = index.tags(paths[i])
+        except ContextError:
+            continue
+        lines = _lines(root_path, paths[i])
+        if lines is not None:
+            defs_of.append((i, [d for d in tags.definitions if d.kind in _BODY_KINDS], lines))
+    names = {d.name for _, defs, _ in defs_of for d in defs}
+    cands: list[tuple[int, Definition, int, Counter[str], set[str]]] = []
+    starts: dict[tuple[int, int, str], int] = {}
+    for i, defs, lines in defs_of:
+        length = [0] * (len(lines) + 1)  # prefix sums of term counts
+        hits_at: dict[int, list[str]] = {}  # line -> query terms on it
+        names_at: dict[int, set[str]] = {}  # line -> candidate names used on it
+        for n_line, line in enumerate(lines, 1):
+            count = 0
+            for ident in IDENT_RE.findall(line):
+                got = ident_terms(ident)
+                count += len(got)
+                for t in got:
+                    if t in query:
+                        hits_at.setdefault(n_line, []).append(t)
+                if ident in names:
+                    names_at.setdefault(n_line, set()).add(ident)
+            length[n_line] = length[n_line - 1] + count
+        for d in defs:
+            last = min(d.end_line, len(lines))
+            tf: Counter[str] = Counter()
+            used: set[str] = set()
+            first = leading_start(lines, d.line)
+            starts[(i, d.line, d.name)] = first
+            for n_line in range(first, last + 1):
+                if n_line in hits_at:
+                    tf.update(hits_at[n_line])
+                if n_line in names_at and d.kind not in _CONTAINER_KINDS:
+                    used |= names_at[n_line]
+            cands.append((i, d, length[last] - length[max(first - 1, 0)], tf, used))
+    if not cands:
+        return []
+    # BM25 over bodies, with statistics of this candidate set
+    n = len(cands)
+    avg = sum(c[2] for c in cands) / n or 1.0
+    df: Counter[str] = Counter()
+    for c in cands:
+        df.update(c[3].keys())
+    idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in query}
+    text = [0.0] * n
+    name = [0.0] * n
+    for k, (_i, d, body_len, tf, _used) in enumerate(cands):
+        if "text" not in ablate and query:
+            norm = K1 * (1 - B + B * body_len / avg)
+            text[k] = sum(idf[t] * c * (K1 + 1) / (c + norm) for t, c in tf.items())
+        if "name" not in ablate:
+            score = mentioned.get(d.name, 0.0) * 2.0
+            if score and d.scope and d.scope.rsplit(".", 1)[-1] in mentioned:
+                score += 1.0  # Session.request named as such
+            score += sum(idf.get(t, 0.0) for t in sorted(set(name_terms(d.name)) & task_words)) / 2
+            name[k] = score
+    top_text = max(text) or 1.0
+    top_name = max(name) or 1.0
+    base = [
+        W_FILE * float(ranking.score[c[0]]) / top_score
+        + W_TEXT * text[k] / top_text
+        + W_NAME * name[k] / top_name
+        for k, c in enumerate(cands)
+    ]
+    graph_bonus = [0.0] * n
+    if "graph" not in ablate:
+        by_name: dict[str, list[int]] = {}
+        for k, c in enumerate(cands):
+            by_name.setdefault(c[1].name, []).append(k)
+        caller = [0.0] * n
+        callee = [0.0] * n
+        for k, c in enumerate(cands):
+            for ident in c[4]:
+                # resolve a name to the same class's definition, else the same file's,
+                # else every candidate of that name
+                targets = by_name.get(ident, [])
+                same_file = [j for j in targets if cands[j][0] == c[0]]
+                same_scope = [j for j in same_file if cands[j][1].scope == c[1].scope]
+                for j in same_scope or same_file or targets:
+                    if j != k:
+                        caller[j] = max(caller[j], base[k])  # k calls j
+                        callee[k] = max(callee[k], base[j])
+        graph_bonus = [W_GRAPH * (caller[k] + callee[k]) / 2 for k in range(n)]
+    test_bonus = [0.0] * n
+    if "tests" not in ablate and query:
+        called = _test_calls(graph, ranking, index, root_path, query)
+        top_called = max(called.values(), default=0) or 1
+        test_bonus = [W_TESTS * called.get(c[1].name, 0) / top_called for c in cands]
+    history_bonus = [0.0] * n
+    if "history" not in ablate:
+        touched = _recent_lines(root_path, sorted({paths[c[0]] for c in cands}))
+        raw = []
+        for c in cands:
+            counter = touched.get(paths[c[0]])
+            d = c[1]
+            first = starts[(c[0], d.line, d.name)]
+            changed = sum(counter[x] for x in range(first, d.end_line + 1)) if counter else 0
+            raw.append(math.log1p(changed))
+        top_hist = max(raw, default=0.0) or 1.0
+        history_bonus = [W_HISTORY * r / top_hist for r in raw]
+    hits: list[SymbolHit] = []
+    for k, (i, d, _len, _tf, _used) in enumerate(cands):
+        score = base[k] + graph_bonus[k] + test_bonus[k] + history_bonus[k]
+        if d.name.startswith("__") and d.name.endswith("__") and d.name not in mentioned:
+            score *= 0.5
+        why = []
+        if name[k]:
+            why.append("named in the task" if d.name in mentioned else "name shares task words")
+        if text[k]:
+            why.append(f"body bm25 {text[k]:.2f}")
+        if graph_bonus[k] > 0.05:
+            why.append("calls or is called by a match")
+        if test_bonus[k]:
+            why.append("called by a matching test")
+        if history_bonus[k]:
+            why.append("changed recently")
+        start = starts[(i, d.line, d.name)]
+        hits.append(SymbolHit(i, paths[i], d, round(score, 9), tuple(why), start))
+    hits.sort(key=lambda h: (-h.score, h.path, h.definition.line, h.definition.name))
+    return hits
+
+
+def rerank_files(graph: GraphData, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
+    """``ranking`` with the files of ``hits`` first, ordered by their file score plus their
+    best symbol's: a file whose body matches the task well moves up among the top files."""
+    if not hits:
+        return ranking
+    paths: list[str] = graph["paths"]
+    best: dict[int, float] = {}
+    for h in hits:
+        best.setdefault(h.file, h.score)  # hits are best first
+    top = [i for i in ranking.order if i in best]
+    top_file = max(float(ranking.score[i]) for i in top) or 1.0
+    top_hit = max(best.values()) or 1.0
+
+    def key(i: int) -> tuple[float, str]:
+        mixed = float(ranking.score[i]) / top_file + W_RERANK * best[i] / top_hit
+        return (-round(mixed, 12), paths[i])
+
+    first = sorted(top, key=key)
+    chosen = set(first)
+    return replace(ranking, order=first + [i for i in ranking.order if i not in chosen])
