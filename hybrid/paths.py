@@ -8,15 +8,27 @@ from pathlib import Path
 from hybrid.errors import InvalidInput
 
 
-def cache_dir(*parts: str) -> Path:
-    """The cache directory (``$HYBRID_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybrid``), created on demand."""
+def cache_root() -> Path:
+    """Where cache_dir() lives (``$HYBRID_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybrid``); not created."""
     root = os.environ.get("HYBRID_CACHE_DIR")
     if root:
-        base = Path(root)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = (Path(xdg) if xdg else Path.home() / ".cache") / "hybrid"
-    path = base.joinpath(*parts)
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "hybrid"
+
+
+def state_root() -> Path:
+    """Where state_dir() lives (``$HYBRID_STATE_DIR``, else ``$XDG_STATE_HOME/hybrid``); not created."""
+    root = os.environ.get("HYBRID_STATE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hybrid"
+
+
+def cache_dir(*parts: str) -> Path:
+    """The cache directory (see cache_root), created on demand."""
+    path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -27,12 +39,7 @@ def state_dir(*parts: str) -> Path:
     Created on demand with mode 0700: it holds evidence (diff baselines) and secret values that
     must never live inside a sandbox or in engine metadata.
     """
-    root = os.environ.get("HYBRID_STATE_DIR")
-    if root:
-        base = Path(root)
-    else:
-        xdg = os.environ.get("XDG_STATE_HOME")
-        base = (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hybrid"
+    base = state_root()
     path = base.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     for made in (base, *[base.joinpath(*parts[: i + 1]) for i in range(len(parts))]):
@@ -42,12 +49,32 @@ def state_dir(*parts: str) -> Path:
 
 
 def read_input(path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput) -> bytes:
-    """Read a file the user named; a missing, directory or unreadable path raises one ``error`` line."""
+    """Read a file the user named; a missing, directory or unreadable path raises one ``error`` line.
+
+    The file must not be a host secret path (see ``hybrid.policy.check_input_path``): it is
+    checked as opened, so a symlink or a path swapped after a check cannot smuggle one in.
+    """
+    from hybrid.policy import check_opened_input  # policy imports this module
+
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
+        raise error(f"{display(path)}: no such {what}") from None
     except IsADirectoryError:
-        raise error(f"{path}: is a directory, not a {what}") from None
+        raise error(f"{display(path)}: is a directory, not a {what}") from None
     except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror}") from None
+        raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        check_opened_input(path, fd, what)
+        try:
+            return file.read()
+        except IsADirectoryError:
+            raise error(f"{display(path)}: is a directory, not a {what}") from None
+        except OSError as exc:
+            raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
+
+
+def display(path: Path | str) -> str:
+    """A path for a one-line message: bytes that are not UTF-8 shown as escapes, never a crash."""
+    text = os.fspath(path)
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
