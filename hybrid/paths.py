@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from hybrid.errors import InvalidInput
 
@@ -48,11 +50,13 @@ def state_dir(*parts: str) -> Path:
     return path
 
 
-def read_input(path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput) -> bytes:
-    """Read a file the user named; a missing, directory or unreadable path raises one ``error`` line.
+def open_input(
+    path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput
+) -> BinaryIO:
+    """Open a file the user named for reading; a missing or unreadable path raises one ``error`` line.
 
-    The file must not be a host secret path (see ``hybrid.policy.check_input_path``): it is
-    checked as opened, so a symlink or a path swapped after a check cannot smuggle one in.
+    The file must not be a host secret path (``hybrid.policy.check_input_path``): it is judged
+    as opened, so a symlink, or a path swapped after a check, cannot smuggle one in.
     """
     from hybrid.policy import check_opened_input  # policy imports this module
 
@@ -60,16 +64,23 @@ def read_input(path: Path, what: str = "file", error: type[InvalidInput] = Inval
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise error(f"{display(path)}: no such {what}") from None
-    except IsADirectoryError:
-        raise error(f"{display(path)}: is a directory, not a {what}") from None
     except OSError as exc:
         raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as file:
+    try:
         check_opened_input(path, fd, what)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise error(f"{display(path)}: is a directory, not a {what}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput) -> bytes:
+    """Read a file the user named (see open_input); any problem raises one ``error`` line."""
+    with open_input(path, what, error) as file:
         try:
             return file.read()
-        except IsADirectoryError:
-            raise error(f"{display(path)}: is a directory, not a {what}") from None
         except OSError as exc:
             raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
 
@@ -77,4 +88,8 @@ def read_input(path: Path, what: str = "file", error: type[InvalidInput] = Inval
 def display(path: Path | str) -> str:
     """A path for a one-line message: bytes that are not UTF-8 shown as escapes, never a crash."""
     text = os.fspath(path)
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")

@@ -376,10 +376,9 @@ def _host_forms(path: str | os.PathLike[str]) -> list[Path]:
     """``path`` as written (absolute, normalised) and with every symlink resolved."""
     raw = Path(os.path.expanduser(os.fspath(path)))
     forms = [Path(os.path.normpath(raw.absolute()))]
-    try:
+    # A loop or a NUL byte: the path as written is all there is to judge.
+    with contextlib.suppress(OSError, RuntimeError, ValueError):
         forms.append(raw.resolve())
-    except (OSError, RuntimeError, ValueError):
-        pass  # a loop or a NUL byte: the path as written is all there is to judge
     return forms
 
 
@@ -392,12 +391,10 @@ def secret_path_hit(path: str | os.PathLike[str]) -> Path | None:
     return None
 
 
-def _secret_refusal(message: str) -> str | None:
-    """None when the user allowed secret paths (logged), else the violation to report."""
-    if _secret_override.get():
-        log.warning("%s: allowed by --allow-secret-path / allow_secret_paths()", message)
-        return None
-    return message
+_INPUT_FIX = (
+    "reads the host secret path {secret} (pass --allow-secret-path, or use "
+    "hybrid.policy.allow_secret_paths(), if you mean it)"
+)
 
 
 def check_input_path(path: str | os.PathLike[str], what: str = "input file") -> None:
@@ -406,25 +403,30 @@ def check_input_path(path: str | os.PathLike[str], what: str = "input file") -> 
     The same rule as mounts (symlinks resolved). Raises PolicyViolation unless the caller is
     inside ``allow_secret_paths()``, which logs the use instead.
     """
-    secret = secret_path_hit(path)
-    if secret is not None:
-        message = _secret_refusal(
-            f"{what} {display(path)}: reads the host secret path {secret} "
-            "(pass --allow-secret-path, or use hybrid.policy.allow_secret_paths(), if you mean it)"
-        )
-        if message:
-            raise PolicyViolation([message])
+    _check_input(path, secret_path_hit(path), what)
 
 
 def check_opened_input(path: str | os.PathLike[str], fd: int, what: str = "input file") -> None:
     """check_input_path for a file already open as ``fd``: judges what was opened, not the name."""
-    check_input_path(path, what)
-    try:
-        opened = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return  # no /proc: the resolved name above is the best there is
-    if opened.startswith("/") and secret_path_hit(opened) is not None:
-        check_input_path(opened, what)
+    secret = secret_path_hit(path)
+    if secret is None:
+        with contextlib.suppress(OSError):  # no /proc: the resolved name is the best there is
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+            if opened.startswith("/"):
+                secret = secret_path_hit(opened)
+    _check_input(path, secret, what)
+
+
+def _check_input(path: str | os.PathLike[str], secret: Path | None, what: str) -> None:
+    if secret is None:
+        return
+    subject = f"{what} {display(path)}"
+    if _secret_override.get():
+        log.warning(
+            "%s: reads the host secret path %s (allowed: --allow-secret-path)", subject, secret
+        )
+        return
+    raise PolicyViolation([f"{subject}: {_INPUT_FIX.format(secret=secret)}"])
 
 
 def _allow_problem(pattern: str) -> str | None:
@@ -516,11 +518,16 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
                 )
         secret = secret_path_hit(mount.source)
         if secret is not None:
-            message = _secret_refusal(
-                f"{where}: exposes the host secret path {secret}; mount a narrower directory"
-            )
-            if message:
-                violations.append(message)
+            if _secret_override.get():
+                log.warning(
+                    "%s: exposes the host secret path %s (allowed: --allow-secret-path)",
+                    where,
+                    secret,
+                )
+            else:
+                violations.append(
+                    f"{where}: exposes the host secret path {secret}; mount a narrower directory"
+                )
 
     for name in sorted(set(spec.env.set) | set(spec.env.inherit)):
         if name not in spec.env.allow:

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: every HybridError becomes one line on stderr and its exit code."""
     # The CLI uses no pydantic plugins; skipping their entry-point scan saves ~13 ms per command.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from hybrid.cli._output import log_to_stderr, usage_error_line
+
+    log_to_stderr()
     try:
         # Without standalone mode click returns the code of a click.exceptions.Exit instead of exiting.
         code = cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
@@ -102,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("hybrid: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        click.echo(usage_error_line(exc), err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
