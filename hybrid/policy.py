@@ -11,6 +11,7 @@ import contextvars
 import fnmatch
 import functools
 import logging
+import math
 import os
 import posixpath
 import re
@@ -44,7 +45,10 @@ def parse_size(value: int | str) -> int:
     if not match:
         raise ValueError(f"not a size: {value!r} (use e.g. 512k, 256M, 1G)")
     number, unit, _ = match.groups()
-    return int(float(number) * 1024 ** _POWERS[unit.lower()])
+    size = float(number) * 1024 ** _POWERS[unit.lower()]
+    if not math.isfinite(size):
+        raise ValueError(f"not a size: {value!s:.20}... is too large")
+    return int(size)
 
 
 def human_size(n: int) -> str:

@@ -14,7 +14,7 @@ from hybrid.cli._options import budget_options, secret_path_option, secret_scope
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
 from hybrid.paths import display, read_input
-from hybrid.policy import SandboxSpec
+from hybrid.policy import SandboxSpec, enforce
 
 
 @click.group()
@@ -109,6 +109,7 @@ def _run_and_report(source: str, filename: str, opts: dict[str, Any]) -> None:
     spec = _spec(
         opts["policy_file"], opts["fuel"], opts["memory"], opts["timeout"], opts["output_bytes"]
     )
+    enforce(spec, "python-wasm")  # refuse before the guest is prepared (a minute, the first time)
     with secret_scope(opts["allow_secret"]):
         tests = _read_text(test_file, "test file") if test_file is not None else None
         files = _input_files(opts["files"])

@@ -130,6 +130,8 @@ def run(
                     wasi.stdin_file = str(stdin)
                 except UnicodeEncodeError:  # WASI takes UTF-8 paths: hand over the bytes
                     stdin = read_input(stdin, "stdin file")
+                except wasmtime.WasmtimeError:  # it could not open the file: say why
+                    stdin = read_input(stdin, "stdin file")
             if not isinstance(stdin, Path):
                 stdin_path = io_dir / "stdin"
                 stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
