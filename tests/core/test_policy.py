@@ -290,7 +290,9 @@ def test_policy_check_and_run_agree_on_gvisor_with_egress(hybrid_main, tmp_path:
     code, out, _ = hybrid_main("policy", "check", str(spec))
     assert code == 3 and "gVisor here runs with --network=none" in out
     for command in ("run", "route"):
-        code, out, err = hybrid_main(command, "--tier", "gvisor", "--policy", str(spec), "--", "true")
+        code, out, err = hybrid_main(
+            command, "--tier", "gvisor", "--policy", str(spec), "--", "true"
+        )
         assert code == 3, (out, err)
         assert len(err.strip().splitlines()) == 1
         assert "gVisor here runs with --network=none" in err
