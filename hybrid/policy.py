@@ -232,10 +232,7 @@ MINIMUMS: dict[str, dict[str, tuple[float, str]]] = {
         "docker": (6 * 1024**2, "the engine refuses less"),
         "gvisor": (16 * 1024**2, "runsc's sandbox does not start in less"),
     },
-    "fuel": {
-        "wasm": (10_000, "a module's start-up alone uses more"),
-        "python-wasm": (10_000, "a module's start-up alone uses more"),
-    },
+    "fuel": {},  # any fuel starts a run: a small budget ends it with a typed out_of_fuel
     "pids": {
         "docker": (2, "the workstation's init and one command"),
         "gvisor": (32, "runsc's own threads count against the limit"),
@@ -562,7 +559,7 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
             violations.append(
                 f"budget.{name}: {show(value)} is above the {tier} tier's maximum of {show(max(applicable))}"
             )
-        floors = [MINIMUMS[name].get(t) or MINIMUMS[name].get("*") for t in tiers]
+        floors = [MINIMUMS.get(name, {}).get(t) or MINIMUMS.get(name, {}).get("*") for t in tiers]
         known = [f for f in floors if f is not None]
         if known:
             floor, why = min(known)

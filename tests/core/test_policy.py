@@ -216,7 +216,6 @@ def test_booleans_are_not_budgets(tmp_path: Path, budget: str, field: str) -> No
         ("gvisor", {"memory": "8M"}, "budget.memory: 8M is below the gvisor tier's minimum of 16M"),
         ("gvisor", {"pids": 8}, "budget.pids: 8 is below the gvisor tier's minimum of 32"),
         ("docker", {"pids": 1}, "budget.pids: 1 is below the docker tier's minimum of 2"),
-        ("wasm", {"fuel": 10}, "budget.fuel: 10 is below the wasm tier's minimum of 10000"),
         (
             "docker",
             {"cpus": 0.001},
