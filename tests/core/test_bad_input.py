@@ -101,7 +101,7 @@ ENGINE_CASES = [
     ["ws", "exec", NAME, "--", "true"],
     ["ws", "exec", "Bad Name!", "--", "true"],
     ["ws", "diff", NAME],
-    ["ws", "shell", NAME],
+    ["ws", "shell", "Bad Name!"],  # never a real name: a found one would exec a shell over the test
     ["ws", "snapshot", NAME, "snap"],
     ["ws", "fork", NAME, "0"],
     ["ws", "fork", NAME, "2"],
