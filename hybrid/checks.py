@@ -32,8 +32,8 @@ from hybrid.errors import (
     OutOfFuel,
     OutOfMemory,
 )
-from hybrid.paths import read_input
-from hybrid.policy import Budget, Mount, SandboxSpec
+from hybrid.paths import display, open_input, read_input
+from hybrid.policy import Budget, Mount, SandboxSpec, check_input_path
 from hybrid.results import Termination, Usage
 from hybrid.wasm import builtins
 from hybrid.wasm.runtime import run
@@ -203,12 +203,24 @@ def _spec(budget: Budget | None, mounts: Sequence[Mount] = ()) -> SandboxSpec | 
     return SandboxSpec(tier="wasm", budget=budget or Budget(), mounts=list(mounts))
 
 
+def _utf8_name(path: Path) -> bool:
+    try:
+        os.fspath(path).encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _stdin(data: Data) -> bytes | Path:
     if isinstance(data, str | bytes):
         return data.encode() if isinstance(data, str) else data
     path = Path(data)
     if not path.is_file():
-        raise InvalidInput(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+        problem = "no such file" if not path.exists() else "not a file"
+        raise InvalidInput(f"{display(path)}: {problem}")
+    if not _utf8_name(path):
+        return read_input(path, "input file")  # WASI names are UTF-8: hand over the bytes
+    check_input_path(path)
     return path
 
 
@@ -301,7 +313,7 @@ def grep(
     """Search a directory (or one file) read-only with a linear-time regex; file:line:col and context."""
     path = Path(root)
     if not path.exists():
-        raise InvalidInput(f"{path}: no such file or directory")
+        raise InvalidInput(f"{display(path)}: no such file or directory")
     request: dict[str, Any] = {
         "pattern": pattern,
         "ignore_case": ignore_case,
@@ -309,21 +321,32 @@ def grep(
         "max_matches": max_matches,
         "globs": list(globs),
     }
-    if path.is_dir():
-        return _run(
-            "grep", GrepReport, request, budget=budget, mounts=[Mount(source=path, target="/data")]
-        )
-    # One file: grant a directory holding only a copy of it, never its siblings.
     with tempfile.TemporaryDirectory(prefix="hybrid-grep-") as tmp:
-        shutil.copyfile(path, Path(tmp) / path.name)
-        request["paths"] = [path.name]
-        return _run(
-            "grep",
-            GrepReport,
-            request,
-            budget=budget,
-            mounts=[Mount(source=Path(tmp), target="/data")],
+        if path.is_dir():
+            grant = path
+            if not _utf8_name(path):
+                # WASI grants UTF-8 paths only: reach the directory through a link of our own
+                # (admit() judges the mount by where the link resolves).
+                grant = Path(tmp) / "root"
+                grant.symlink_to(path.absolute())
+        else:
+            # One file: grant a directory holding only a copy of it, never its siblings. The
+            # copy's name is the file's with bytes that are not UTF-8 replaced (WASI needs UTF-8).
+            name = os.fsencode(path.name).decode("utf-8", "replace")
+            with open_input(path, "file to search") as src, open(Path(tmp) / name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            request["paths"] = [name]
+            grant = Path(tmp)
+        report = _run(
+            "grep", GrepReport, request, budget=budget, mounts=[Mount(source=grant, target="/data")]
         )
+    report.unreadable = [
+        f"{entry} (a name in it is not UTF-8, which WASI cannot list)"
+        if "cannot list: Illegal byte sequence" in entry
+        else entry
+        for entry in report.unreadable
+    ]
+    return report
 
 
 def redact(

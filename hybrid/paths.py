@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from hybrid.errors import InvalidInput
 
 
-def cache_dir(*parts: str) -> Path:
-    """The cache directory (``$HYBRID_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybrid``), created on demand."""
+def cache_root() -> Path:
+    """Where cache_dir() lives (``$HYBRID_CACHE_DIR``, else ``$XDG_CACHE_HOME/hybrid``); not created."""
     root = os.environ.get("HYBRID_CACHE_DIR")
     if root:
-        base = Path(root)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = (Path(xdg) if xdg else Path.home() / ".cache") / "hybrid"
-    path = base.joinpath(*parts)
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "hybrid"
+
+
+def state_root() -> Path:
+    """Where state_dir() lives (``$HYBRID_STATE_DIR``, else ``$XDG_STATE_HOME/hybrid``); not created."""
+    root = os.environ.get("HYBRID_STATE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hybrid"
+
+
+def cache_dir(*parts: str) -> Path:
+    """The cache directory (see cache_root), created on demand."""
+    path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -27,12 +41,7 @@ def state_dir(*parts: str) -> Path:
     Created on demand with mode 0700: it holds evidence (diff baselines) and secret values that
     must never live inside a sandbox or in engine metadata.
     """
-    root = os.environ.get("HYBRID_STATE_DIR")
-    if root:
-        base = Path(root)
-    else:
-        xdg = os.environ.get("XDG_STATE_HOME")
-        base = (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hybrid"
+    base = state_root()
     path = base.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     for made in (base, *[base.joinpath(*parts[: i + 1]) for i in range(len(parts))]):
@@ -41,13 +50,46 @@ def state_dir(*parts: str) -> Path:
     return path
 
 
-def read_input(path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput) -> bytes:
-    """Read a file the user named; a missing, directory or unreadable path raises one ``error`` line."""
+def open_input(
+    path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput
+) -> BinaryIO:
+    """Open a file the user named for reading; a missing or unreadable path raises one ``error`` line.
+
+    The file must not be a host secret path (``hybrid.policy.check_input_path``): it is judged
+    as opened, so a symlink, or a path swapped after a check, cannot smuggle one in.
+    """
+    from hybrid.policy import check_opened_input  # policy imports this module
+
     try:
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
-    except IsADirectoryError:
-        raise error(f"{path}: is a directory, not a {what}") from None
+        raise error(f"{display(path)}: no such {what}") from None
     except OSError as exc:
-        raise error(f"{path}: cannot read: {exc.strerror}") from None
+        raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
+    try:
+        check_opened_input(path, fd, what)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise error(f"{display(path)}: is a directory, not a {what}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput) -> bytes:
+    """Read a file the user named (see open_input); any problem raises one ``error`` line."""
+    with open_input(path, what, error) as file:
+        try:
+            return file.read()
+        except OSError as exc:
+            raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
+
+
+def display(path: Path | str) -> str:
+    """A path for a one-line message: bytes that are not UTF-8 shown as escapes, never a crash."""
+    text = os.fspath(path)
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "backslashreplace")
+    return raw.decode("utf-8", "backslashreplace")

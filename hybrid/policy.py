@@ -6,11 +6,17 @@ mechanism (fuel and store limits for WebAssembly, cgroups and namespaces for con
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fnmatch
 import functools
+import logging
+import math
 import os
+import posixpath
 import re
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -19,7 +25,9 @@ import tomli_w
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from hybrid.errors import PolicyError, PolicyViolation
-from hybrid.paths import read_input
+from hybrid.paths import cache_root, display, read_input, state_root
+
+log = logging.getLogger(__name__)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
@@ -37,7 +45,10 @@ def parse_size(value: int | str) -> int:
     if not match:
         raise ValueError(f"not a size: {value!r} (use e.g. 512k, 256M, 1G)")
     number, unit, _ = match.groups()
-    return int(float(number) * 1024 ** _POWERS[unit.lower()])
+    size = float(number) * 1024 ** _POWERS[unit.lower()]
+    if not math.isfinite(size):
+        raise ValueError(f"not a size: {value!s:.20}... is too large")
+    return int(size)
 
 
 def human_size(n: int) -> str:
@@ -60,6 +71,17 @@ def format_size(n: int) -> str:
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 
+def _number(value: Any) -> Any:
+    # pydantic would read `fuel = true` as 1: a boolean where a budget belongs is a mistake.
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_number)]
+Number = Annotated[float, BeforeValidator(_number)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -67,11 +89,11 @@ class _Strict(BaseModel):
 class Budget(_Strict):
     """Hard limits for one run."""
 
-    wall_seconds: float = Field(30.0, gt=0, description="Wall-clock deadline in seconds.")
+    wall_seconds: Number = Field(30.0, gt=0, description="Wall-clock deadline in seconds.")
     memory: Size = Field(256 * 1024**2, gt=0, description="Memory cap in bytes (accepts 256M, 1G).")
-    fuel: int = Field(2_000_000_000, gt=0, description="WebAssembly fuel (roughly instructions).")
-    pids: int = Field(64, gt=0, description="Maximum processes and threads (process tiers).")
-    cpus: float = Field(1.0, gt=0, description="CPU share in cores (process tiers).")
+    fuel: Count = Field(2_000_000_000, gt=0, description="WebAssembly fuel (roughly instructions).")
+    pids: Count = Field(64, gt=0, description="Maximum processes and threads (process tiers).")
+    cpus: Number = Field(1.0, gt=0, description="CPU share in cores (process tiers).")
     output_bytes: Size = Field(
         1024**2, gt=0, description="Bytes kept of each of stdout and stderr."
     )
@@ -176,7 +198,8 @@ class SandboxSpec(_Strict):
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(top level)"
             more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-            raise PolicyError(f"{source}: {where}: {first['msg']}{more}") from None
+            message = first["msg"].removeprefix("Value error, ")
+            raise PolicyError(f"{source}: {where}: {message}{more}") from None
 
     def to_toml(self) -> str:
         """Dump as TOML that from_toml reads back to an equal spec."""
@@ -240,8 +263,31 @@ def tier_limits(tier: str) -> TierLimits:
 
 TIERS = ("wasm", "python-wasm", "docker", "gvisor")
 
+# The smallest budget each tier can start anything in: asking for less is a mistake, not a tighter
+# limit. Measured on this host type (Docker 20.10, runsc with ptrace): the engine refuses memory
+# under 6 MiB, runsc's sandbox is killed while starting under 16 MiB or 32 pids (its own threads
+# count against the limit). "*" applies to every tier.
+MINIMUMS: dict[str, dict[str, tuple[float, str]]] = {
+    "wall_seconds": {"*": (0.01, "nothing starts in less")},
+    "memory": {
+        "wasm": (64 * 1024, "one WebAssembly page"),
+        "python-wasm": (64 * 1024, "one WebAssembly page"),
+        "docker": (6 * 1024**2, "the engine refuses less"),
+        "gvisor": (16 * 1024**2, "runsc's sandbox does not start in less"),
+    },
+    "fuel": {},  # any fuel starts a run: a small budget ends it with a typed out_of_fuel
+    "pids": {
+        "docker": (2, "the workstation's init and one command"),
+        "gvisor": (32, "runsc's own threads count against the limit"),
+    },
+    "cpus": {"*": (0.01, "the engine's smallest share")},
+    "output_bytes": {"*": (256, "room for one error line")},
+}
+
 # Host paths that hold credentials or control of the host. Mounting one, or a directory that
-# contains one, hands the job ambient authority.
+# contains one, or naming one as an input file hands the job ambient authority. The module cache
+# (compiled code the host runs) and the state directory (diff baselines, secret values) are
+# secret where they are by default and where the environment moved them (added at check time).
 SECRET_PATHS = (
     "~/.ssh",
     "~/.aws",
@@ -253,42 +299,112 @@ SECRET_PATHS = (
     "~/.netrc",
     "~/.git-credentials",
     "~/.config/gh",
+    "~/.config/hub",
     "~/.pypirc",
     "~/.npmrc",
+    "~/.m2",
+    "~/.gradle",
+    "~/.cargo/credentials",
+    "~/.cargo/credentials.toml",
+    "~/.vault-token",
+    "~/.cache/hybrid",
+    "~/.local/state/hybrid",
     "/root/.ssh",
     "/etc/shadow",
     "/etc/gshadow",
     "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
     "/var/run/docker.sock",
     "/run/docker.sock",
+    "/run/docker",
+    "/var/run/docker",
+    "/var/lib/docker",
     "/run/containerd",
+    "/var/lib/containerd",
     "/proc",
     "/sys",
 )
 
+# Directories of the host system: never mounted writable, and never a sandbox's workspace (inside,
+# a volume there would shadow the system the sandbox runs on).
+SYSTEM_DIRS = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var",
+)
+
 # Variable names that carry credentials: never inherited from the host, even when allow-listed.
+# Wide on purpose: a false positive costs one `env.set` with a scoped value, a miss leaks a key.
+# URLs are judged by value as well: an inherited *_URL / *_URI whose host value carries a user
+# (scheme://user:pass@host) is a credential whatever its name.
 SECRET_ENV = (
     "*TOKEN*",
     "*SECRET*",
     "*PASSWORD*",
     "*PASSWD*",
+    "*PASSPHRASE*",
     "*CREDENTIAL*",
-    "*_KEY",
-    "*API_KEY*",
+    "*KEY*",  # API_KEY, OPENAI_APIKEY, AWS_ACCESS_KEY_ID, SIGNING_KEY
+    "*_PAT",  # personal access tokens: GH_PAT, ADO_PAT
+    "*_PAT_*",
+    "*AUTH",  # NPM_AUTH
+    "*AUTH_*",  # SSH_AUTH_SOCK, OAUTH_CLIENT
+    "*AUTHORIZATION*",
+    "*AUTHORITY",  # XAUTHORITY: the X11 cookie
+    "*COOKIE*",
+    "*PRIVATE*",
+    "*DATABASE_URL*",
+    "*DSN",  # SENTRY_DSN, PG_DSN: connection strings with their password
     "AWS_*",
-    "SSH_AUTH_SOCK",
+    "VAULT_*",
+    "KUBECONFIG",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "GPG_AGENT_INFO",
+)
+_URL_WITH_USER = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#\s]*@", re.IGNORECASE)
+_WILDCARD = re.compile(r"[*?\[\]]")
+
+_secret_override: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "hybrid_allow_secret_paths", default=False
 )
 
 
+@contextlib.contextmanager
+def allow_secret_paths() -> Iterator[None]:
+    """Let inputs and mounts name host secret paths in this block (the CLI's --allow-secret-path).
+
+    For a user who means it: every use is logged as a warning on the ``hybrid.policy`` logger.
+    """
+    token = _secret_override.set(True)
+    try:
+        yield
+    finally:
+        _secret_override.reset(token)
+
+
 def _secret_paths() -> list[Path]:
-    return _secret_paths_for(os.path.expanduser("~"))
+    return _secret_paths_for(os.path.expanduser("~"), str(cache_root()), str(state_root()))
 
 
-@functools.lru_cache(maxsize=4)
-def _secret_paths_for(home: str) -> list[Path]:
-    # Cached per home directory: resolving ~20 paths costs ~0.25 ms, as much as a small wasm run.
+@functools.lru_cache(maxsize=8)
+def _secret_paths_for(home: str, cache: str, state: str) -> list[Path]:
+    # Cached per home and directories: resolving ~40 paths costs ~0.5 ms, as much as a small wasm run.
     paths = []
-    for raw in SECRET_PATHS:
+    for raw in (*SECRET_PATHS, cache, state):
         path = Path(os.path.expanduser(raw))
         paths.append(Path(os.path.normpath(path.absolute())))
         if path.exists():
@@ -298,6 +414,107 @@ def _secret_paths_for(home: str) -> list[Path]:
 
 def _within(path: PurePosixPath | Path, root: PurePosixPath | Path) -> bool:
     return path == root or root in path.parents
+
+
+def _host_forms(path: str | os.PathLike[str]) -> list[Path]:
+    """``path`` as written (absolute, normalised) and with every symlink resolved."""
+    raw = Path(os.path.expanduser(os.fspath(path)))
+    forms = [Path(os.path.normpath(raw.absolute()))]
+    # A loop or a NUL byte: the path as written is all there is to judge.
+    with contextlib.suppress(OSError, RuntimeError, ValueError):
+        forms.append(raw.resolve())
+    return forms
+
+
+def secret_path_hit(path: str | os.PathLike[str]) -> Path | None:
+    """The host secret path that ``path`` is, lies in or contains (symlinks resolved), or None."""
+    forms = _host_forms(path)
+    for secret in _secret_paths():
+        if any(_within(form, secret) or _within(secret, form) for form in forms):
+            return secret
+    return None
+
+
+_INPUT_FIX = (
+    "reads the host secret path {secret} (pass --allow-secret-path, or use "
+    "hybrid.policy.allow_secret_paths(), if you mean it)"
+)
+
+
+def check_input_path(path: str | os.PathLike[str], what: str = "input file") -> None:
+    """Refuse an input file the user named that is, or is inside, a host secret path.
+
+    The same rule as mounts (symlinks resolved). Raises PolicyViolation unless the caller is
+    inside ``allow_secret_paths()``, which logs the use instead.
+    """
+    _check_input(path, secret_path_hit(path), what)
+
+
+def check_opened_input(path: str | os.PathLike[str], fd: int, what: str = "input file") -> None:
+    """check_input_path for a file already open as ``fd``: judges what was opened, not the name."""
+    secret = secret_path_hit(path)
+    if secret is None:
+        with contextlib.suppress(OSError):  # no /proc: the resolved name is the best there is
+            opened = os.readlink(f"/proc/self/fd/{fd}")
+            if opened.startswith("/"):
+                secret = secret_path_hit(opened)
+    _check_input(path, secret, what)
+
+
+def _check_input(path: str | os.PathLike[str], secret: Path | None, what: str) -> None:
+    if secret is None:
+        return
+    subject = f"{what} {display(path)}"
+    if _secret_override.get():
+        log.warning(
+            "%s: reads the host secret path %s (allowed: --allow-secret-path)", subject, secret
+        )
+        return
+    raise PolicyViolation([f"{subject}: {_INPUT_FIX.format(secret=secret)}"])
+
+
+def _allow_problem(pattern: str) -> str | None:
+    """Why a network.allow pattern is unsafe, or None."""
+    host, sep, port = pattern.strip().lower().partition(":")
+    if not host:
+        return "names no host"
+    if sep and port != "*" and not (port.isdigit() and 0 < int(port) < 65536):
+        return f"port {port!r} is not a port number or *"
+    if _WILDCARD.search(host):
+        rest = host[2:] if host.startswith("*.") else ""
+        if not rest or _WILDCARD.search(rest) or len([p for p in rest.split(".") if p]) < 2:
+            return (
+                "matches hosts in every domain; name the hosts, or lead a domain of two or "
+                "more labels with '*.' (e.g. *.example.com)"
+            )
+    return None
+
+
+def _workspace_problem(value: str) -> str | None:
+    path = PurePosixPath(value)
+    if not path.is_absolute() or path == PurePosixPath("/"):
+        return f"must be an absolute directory other than /, got {value!r}"
+    if ".." in path.parts:
+        return f"must not contain '..', got {value!r}"
+    normal = PurePosixPath(posixpath.normpath("/" + value.lstrip("/")))
+    for system in SYSTEM_DIRS:
+        if _within(normal, PurePosixPath(system)):
+            return f"{value!r} is the system directory {system} or inside it; use e.g. /workspace"
+    return None
+
+
+def _system_dir(path: Path) -> str | None:
+    if path == Path("/"):
+        return "/"
+    if _within(path, Path("/var/tmp")):
+        return None  # scratch space like /tmp, not the system's
+    return next((d for d in SYSTEM_DIRS if _within(path, Path(d))), None)
+
+
+def _credential_env(name: str) -> bool:
+    if any(fnmatch.fnmatchcase(name.upper(), pat) for pat in SECRET_ENV):
+        return True
+    return bool(_URL_WITH_USER.match(os.environ.get(name, "")))
 
 
 def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
@@ -316,33 +533,51 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
             violations.append(
                 f'network: the {tier} tier has no network; use mode = "none" or a container tier'
             )
-
-    workspace = PurePosixPath(spec.workspace)
-    if not workspace.is_absolute() or workspace == PurePosixPath("/"):
-        violations.append(
-            f"workspace: must be an absolute directory other than /, got {spec.workspace!r}"
-        )
-    secrets = _secret_paths() if spec.mounts else []
-    for i, mount in enumerate(spec.mounts):
-        where = f"mounts[{i}] {mount.source} -> {mount.target}"
-        if mount.mode == "rw" and not _within(PurePosixPath(mount.target), workspace):
+        if tier == "gvisor":
             violations.append(
-                f"{where}: writable mount outside the workspace {spec.workspace}; mount it read-only or under the workspace"
+                "network: gVisor here runs with --network=none (the host cannot give it a "
+                'network namespace); use the docker tier for egress, or mode = "none"'
             )
-        source = Path(os.path.normpath(mount.source.expanduser().absolute()))
-        resolved = mount.source.expanduser().resolve()
-        for secret in secrets:
-            if any(_within(s, secret) or _within(secret, s) for s in (source, resolved)):
+    for i, pattern in enumerate(spec.network.allow):
+        problem = _allow_problem(pattern)
+        if problem:
+            violations.append(f"network.allow[{i}] {pattern!r}: {problem}")
+
+    problem = _workspace_problem(spec.workspace)
+    if problem:
+        violations.append(f"workspace: {problem}")
+    workspace = PurePosixPath(spec.workspace)
+    for i, mount in enumerate(spec.mounts):
+        where = f"mounts[{i}] {display(mount.source)} -> {mount.target}"
+        forms = _host_forms(mount.source)
+        if mount.mode == "rw":
+            if not _within(PurePosixPath(mount.target), workspace):
+                violations.append(
+                    f"{where}: writable mount outside the workspace {spec.workspace}; mount it read-only or under the workspace"
+                )
+            system = next((d for d in map(_system_dir, forms) if d), None)
+            if system:
+                violations.append(
+                    f"{where}: writable mount of the host system directory {system}; mount it read-only"
+                )
+        secret = secret_path_hit(mount.source)
+        if secret is not None:
+            if _secret_override.get():
+                log.warning(
+                    "%s: exposes the host secret path %s (allowed: --allow-secret-path)",
+                    where,
+                    secret,
+                )
+            else:
                 violations.append(
                     f"{where}: exposes the host secret path {secret}; mount a narrower directory"
                 )
-                break
 
     for name in sorted(set(spec.env.set) | set(spec.env.inherit)):
         if name not in spec.env.allow:
             violations.append(f"env: {name} is not on the allow-list (env.allow)")
     for name in spec.env.inherit:
-        if any(fnmatch.fnmatchcase(name.upper(), pat) for pat in SECRET_ENV):
+        if _credential_env(name):
             violations.append(
                 f"env: {name} looks like a credential; host credentials are never inherited (set a scoped value in env.set)"
             )
@@ -358,15 +593,26 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
         ("disk", budget.disk, [lim.disk for lim in limits]),
     )
     for name, value, maxima in checks:
+        if value is None:
+            continue  # disk unset: the tier's own default
+        sized = name in ("memory", "output_bytes", "disk")
+
+        def show(n: float, sized: bool = sized) -> str:
+            return human_size(int(n)) if sized else str(n) if isinstance(n, int) else f"{n:g}"
+
         applicable = [m for m in maxima if m is not None]
-        if value is not None and applicable and value > max(applicable):
-            sized = name in ("memory", "output_bytes", "disk")
-            shown, top = (
-                (human_size(int(value)), human_size(int(max(applicable))))
-                if sized
-                else (value, max(applicable))
+        if applicable and value > max(applicable):
+            violations.append(
+                f"budget.{name}: {show(value)} is above the {tier} tier's maximum of {show(max(applicable))}"
             )
-            violations.append(f"budget.{name}: {shown} is above the {tier} tier's maximum of {top}")
+        floors = [MINIMUMS.get(name, {}).get(t) or MINIMUMS.get(name, {}).get("*") for t in tiers]
+        known = [f for f in floors if f is not None]
+        if known:
+            floor, why = min(known)
+            if value < floor:
+                violations.append(
+                    f"budget.{name}: {show(value)} is below the {tier} tier's minimum of {show(floor)} ({why})"
+                )
     return violations
 
 

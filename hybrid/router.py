@@ -145,8 +145,6 @@ def _fit(job: Job, tier: str) -> str | None:
     if job.needs_network or job.spec.network.mode == "egress":
         if tier in ("wasm", "python-wasm"):
             return "no network in WebAssembly"
-        if tier == "gvisor":
-            return "gVisor here runs with --network=none (no network namespace of its own)"
         if job.spec.network.mode != "egress" or not job.spec.network.allow:
             return 'network needs network.mode = "egress" with an allow-list (--allow HOST)'
     if tier == "wasm":

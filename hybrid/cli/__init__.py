@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
+    from hybrid.cli._output import log_to_stderr, usage_error_line
+
+    log_to_stderr()
     try:
         # Without standalone mode click returns the code of a click.exceptions.Exit instead of exiting.
         code = cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
@@ -155,6 +158,9 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort as exc:
         _interrupted(exc)
+    except click.UsageError as exc:
+        click.echo(usage_error_line(exc), err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import click
 from pydantic import ValidationError
 
 from hybrid.errors import InvalidInput
-from hybrid.policy import Budget, NetworkPolicy, SandboxSpec
+from hybrid.policy import Budget, NetworkPolicy, SandboxSpec, allow_secret_paths
 
 _OPTIONS = {
     "timeout": click.option("--timeout", type=float, help="Wall-clock deadline in seconds."),
@@ -69,3 +70,17 @@ def spec_from_options(
     if allow:
         update["network"] = NetworkPolicy(mode="egress", allow=[*spec.network.allow, *allow])
     return spec.model_copy(update=update)
+
+
+secret_path_option = click.option(
+    "--allow-secret-path",
+    "allow_secret",
+    is_flag=True,
+    help="Let input files and grants name host secret paths (~/.ssh, /etc/shadow, ...); logged.",
+)
+"""--allow-secret-path: the explicit override of the secret-path rule for inputs (see secret_scope)."""
+
+
+def secret_scope(allowed: bool) -> AbstractContextManager[None]:
+    """Inside: inputs and mounts may name host secret paths (each use is logged) when ``allowed``."""
+    return allow_secret_paths() if allowed else nullcontext()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -76,3 +77,24 @@ def exit_code_for(result: ExecutionResult) -> int:
     if result.termination is Termination.NONZERO_EXIT and result.exit_code:
         return result.exit_code
     return 124 if result.termination is Termination.TIMEOUT else 125
+
+
+class _StderrLog(logging.Handler):
+    """The library's warnings (e.g. an allowed secret path) as ``hybrid: warning: ...`` lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"hybrid: {record.levelname.lower()}: {record.getMessage()}", err=True)
+
+
+def log_to_stderr() -> None:
+    """Route the ``hybrid`` loggers' warnings to stderr (the console entry point calls this once)."""
+    logger = logging.getLogger("hybrid")
+    if not any(isinstance(h, _StderrLog) for h in logger.handlers):
+        logger.addHandler(_StderrLog(logging.WARNING))
+
+
+def usage_error_line(exc: click.UsageError) -> str:
+    """A usage error as one line: the problem and where help is, never the whole usage block."""
+    message = " ".join(exc.format_message().split())
+    where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+    return f"hybrid: error: {message}{where}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from hybrid import checks
-from hybrid.cli._options import budget_options, spec_from_options
+from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
 from hybrid.policy import Budget, SandboxSpec
@@ -86,6 +86,7 @@ def _usage_line(report: checks.CheckReport) -> str:
 @click.option("--delimiter", default=",", show_default=True, help="One character; 'tab' for tabs.")
 @click.option("--allow-empty", is_flag=True, help="Empty cells pass the type checks.")
 @budget_options("fuel", "memory", "timeout")
+@secret_path_option
 @json_option
 def csv_cmd(
     file: str,
@@ -97,17 +98,19 @@ def csv_cmd(
     fuel: int | None,
     memory: str | None,
     timeout: float | None,
+    allow_secret: bool,
     as_json: bool,
 ) -> None:
     """Check a CSV FILE (or - for stdin): header, required columns, types, first bad row."""
-    report = checks.check_csv(
-        _data(file),
-        require=_split(require),
-        types=_types(types_),
-        delimiter=delimiter,
-        allow_empty=allow_empty,
-        budget=_budget(policy_file, fuel, memory, timeout),
-    )
+    with secret_scope(allow_secret):
+        report = checks.check_csv(
+            _data(file),
+            require=_split(require),
+            types=_types(types_),
+            delimiter=delimiter,
+            allow_empty=allow_empty,
+            budget=_budget(policy_file, fuel, memory, timeout),
+        )
 
     def render() -> None:
         click.echo(f"columns: {', '.join(report.columns) or '(none)'}")
@@ -134,6 +137,7 @@ def csv_cmd(
 )
 @click.option("--max-errors", default=100, show_default=True, help="Failures to list.")
 @budget_options("fuel", "memory", "timeout")
+@secret_path_option
 @json_option
 def json_cmd(
     file: str,
@@ -143,15 +147,17 @@ def json_cmd(
     fuel: int | None,
     memory: str | None,
     timeout: float | None,
+    allow_secret: bool,
     as_json: bool,
 ) -> None:
     """Parse a JSON FILE (or - for stdin) and validate it against --schema."""
-    report = checks.check_json(
-        _data(file),
-        schema=schema_file,
-        max_errors=max_errors,
-        budget=_budget(policy_file, fuel, memory, timeout),
-    )
+    with secret_scope(allow_secret):
+        report = checks.check_json(
+            _data(file),
+            schema=schema_file,
+            max_errors=max_errors,
+            budget=_budget(policy_file, fuel, memory, timeout),
+        )
 
     def render() -> None:
         if report.syntax_error is not None:
@@ -187,6 +193,7 @@ def json_cmd(
     help="Stop after this many matching lines.",
 )
 @budget_options("fuel", "memory", "timeout")
+@secret_path_option
 @json_option
 def grep_cmd(
     pattern: str,
@@ -199,18 +206,20 @@ def grep_cmd(
     fuel: int | None,
     memory: str | None,
     timeout: float | None,
+    allow_secret: bool,
     as_json: bool,
 ) -> None:
     """Search DIRECTORY (or one file) for PATTERN with a linear-time regex, read-only."""
-    report = checks.grep(
-        pattern,
-        directory,
-        ignore_case=ignore_case,
-        context=context,
-        max_matches=max_matches,
-        globs=globs,
-        budget=_budget(policy_file, fuel, memory, timeout),
-    )
+    with secret_scope(allow_secret):
+        report = checks.grep(
+            pattern,
+            directory,
+            ignore_case=ignore_case,
+            context=context,
+            max_matches=max_matches,
+            globs=globs,
+            budget=_budget(policy_file, fuel, memory, timeout),
+        )
 
     def render() -> None:
         for m in report.matches:
@@ -225,11 +234,27 @@ def grep_cmd(
         more = " (stopped at --max)" if report.truncated else ""
         click.echo(
             f"{len(report.matches)} matching lines in {report.files_matched} of "
-            f"{report.files_scanned} files{more} {_usage_line(report)}",
+            f"{report.files_scanned} files{more}{_skipped(report)} {_usage_line(report)}",
             err=True,
         )
 
     _finish(report, as_json, render, report.found)
+
+
+def _skipped(report: checks.GrepReport) -> str:
+    """What the search did not read, so a short count is never mistaken for a full one."""
+    parts = [
+        f"{n} {what}"
+        for n, what in (
+            (report.binary_skipped, "binary"),
+            (report.large_skipped, "too large"),
+        )
+        if n
+    ]
+    parts += [f"unreadable: {entry}" for entry in report.unreadable[:3]]
+    if len(report.unreadable) > 3:
+        parts.append(f"{len(report.unreadable) - 3} more unreadable (see --json)")
+    return f" (skipped {', '.join(parts)})" if parts else ""
 
 
 @check.command("redact")
@@ -249,6 +274,7 @@ def grep_cmd(
 @click.option("--no-entropy", is_flag=True, help="Do not scrub high-entropy tokens.")
 @click.option("--label", help="Source label put on the evidence marker.")
 @budget_options("fuel", "memory", "timeout")
+@secret_path_option
 @json_option
 def redact_cmd(
     file: str,
@@ -260,17 +286,19 @@ def redact_cmd(
     fuel: int | None,
     memory: str | None,
     timeout: float | None,
+    allow_secret: bool,
     as_json: bool,
 ) -> None:
     """Scrub secrets from FILE (default stdin), bound it and wrap it as untrusted evidence."""
-    report = checks.redact(
-        _data(file),
-        literals=literals,
-        max_bytes=max_bytes,
-        entropy=not no_entropy,
-        label=label,
-        budget=_budget(policy_file, fuel, memory, timeout),
-    )
+    with secret_scope(allow_secret):
+        report = checks.redact(
+            _data(file),
+            literals=literals,
+            max_bytes=max_bytes,
+            entropy=not no_entropy,
+            label=label,
+            budget=_budget(policy_file, fuel, memory, timeout),
+        )
 
     def render() -> None:
         click.echo(report.text)
@@ -296,6 +324,7 @@ def redact_cmd(
     help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).",
 )
 @budget_options("fuel", "memory", "timeout")
+@secret_path_option
 @json_option
 def scope_cmd(
     diff: str,
@@ -307,17 +336,19 @@ def scope_cmd(
     fuel: int | None,
     memory: str | None,
     timeout: float | None,
+    allow_secret: bool,
     as_json: bool,
 ) -> None:
     """Decide whether the unified DIFF (a file, or - for stdin) is reviewable or blocked."""
-    report = checks.scope(
-        _data(diff),
-        allow=allow,
-        deny=deny,
-        allow_lockfiles=allow_lockfiles,
-        default_deny=not no_default_deny,
-        budget=_budget(policy_file, fuel, memory, timeout),
-    )
+    with secret_scope(allow_secret):
+        report = checks.scope(
+            _data(diff),
+            allow=allow,
+            deny=deny,
+            allow_lockfiles=allow_lockfiles,
+            default_deny=not no_default_deny,
+            budget=_budget(policy_file, fuel, memory, timeout),
+        )
 
     def render() -> None:
         for f in report.files:

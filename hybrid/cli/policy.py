@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import click
 
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
+from hybrid.paths import display
 from hybrid.policy import SandboxSpec, admit
 
 
@@ -56,7 +59,19 @@ def _render(file: Path, violations: list[str]) -> None:
 def init(file: Path, tier: str, force: bool, as_json: bool) -> None:
     """Write a spec with the defaults (no network, no host env, 30 s, 256M) to FILE."""
     if file.exists() and not force:
-        raise InvalidInput(f"{file}: already exists (use --force to overwrite)")
+        raise InvalidInput(f"{display(file)}: already exists (use --force to overwrite)")
     spec = SandboxSpec.model_validate({"tier": tier})
-    file.write_text(spec.to_toml(), encoding="utf-8")
-    emit(spec, as_json, lambda: click.echo(f"wrote {file}"))
+    _write(file, spec.to_toml())
+    emit(spec, as_json, lambda: click.echo(f"wrote {display(file)}"))
+
+
+def _write(file: Path, text: str) -> None:
+    """Write ``file`` whole or not at all (a temporary file beside it, renamed over it)."""
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, file)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise InvalidInput(f"{display(file)}: cannot write: {exc.strerror}") from None

@@ -10,10 +10,11 @@ from typing import Any
 
 import click
 
-from hybrid.cli._options import budget_options, spec_from_options
+from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
-from hybrid.policy import SandboxSpec
+from hybrid.paths import display, read_input
+from hybrid.policy import SandboxSpec, enforce
 
 
 @click.group()
@@ -35,6 +36,7 @@ def _py_options(func: Any) -> Any:
         type=click.Path(path_type=Path),
         help="Tests: top-level assert lines and test_* functions, run in the snippet's namespace.",
     )(func)
+    func = secret_path_option(func)
     return budget_options("fuel", "memory", "timeout", "output_bytes")(func)
 
 
@@ -59,16 +61,24 @@ def _spec(
 
 
 def _read_text(path: Path, what: str) -> str:
+    data = read_input(path, what)
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InvalidInput(f"{what} {path}: no such file") from None
-    except IsADirectoryError:
-        raise InvalidInput(f"{what} {path}: is a directory") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidInput(f"{what} {path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise InvalidInput(f"{what} {path}: cannot read: {exc.strerror}") from None
+        raise InvalidInput(f"{what} {display(path)}: not UTF-8 text") from None
+
+
+def _input_files(paths: tuple[Path, ...]) -> dict[str, bytes]:
+    """--file inputs read (and judged by the secret-path rule) before the guest is prepared."""
+    files: dict[str, bytes] = {}
+    for path in paths:
+        if display(path.name) != path.name:
+            raise InvalidInput(
+                f"--file {display(path)}: the name is not UTF-8, so the snippet could not open "
+                "it by name (WASI names are UTF-8); rename it"
+            )
+        files[path.name] = read_input(path, "input file")
+    return files
 
 
 @contextmanager
@@ -96,18 +106,21 @@ def _run_and_report(source: str, filename: str, opts: dict[str, Any]) -> None:
     from hybrid.wasm.python import run_python
 
     test_file: Path | None = opts["test_file"]
-    tests = _read_text(test_file, "--test") if test_file is not None else None
     spec = _spec(
         opts["policy_file"], opts["fuel"], opts["memory"], opts["timeout"], opts["output_bytes"]
     )
+    enforce(spec, "python-wasm")  # refuse before the guest is prepared (a minute, the first time)
+    with secret_scope(opts["allow_secret"]):
+        tests = _read_text(test_file, "test file") if test_file is not None else None
+        files = _input_files(opts["files"])
     with _first_use_status():
         result = run_python(
             source,
             tests,
-            files=list(opts["files"]),
+            files=files,
             spec=spec,
             filename=filename,
-            tests_filename=test_file.name if test_file is not None else "tests.py",
+            tests_filename=display(test_file.name) if test_file is not None else "tests.py",
         )
     emit(result, opts["as_json"], lambda: render_result(result))
     code = exit_code_for(result)
@@ -121,7 +134,9 @@ def _run_and_report(source: str, filename: str, opts: dict[str, Any]) -> None:
 @json_option
 def run_cmd(file: Path, **opts: Any) -> None:
     """Run FILE.py (then its --test file) in a fresh CPython-in-WASM instance."""
-    _run_and_report(_read_text(file, "snippet"), file.name, opts)
+    with secret_scope(opts["allow_secret"]):
+        source = _read_text(file, "file")
+    _run_and_report(source, display(file.name), opts)
 
 
 @py.command("eval")

@@ -7,9 +7,10 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
-from hybrid.cli._options import budget_options, spec_from_options
+from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
+from hybrid.paths import display
 from hybrid.policy import Mount, SandboxSpec
 
 
@@ -29,7 +30,9 @@ def parse_dir(value: str) -> Mount:
     if mode not in ("ro", "rw"):
         raise InvalidInput(f"--dir {value!r}: mode must be ro or rw")
     if not host.is_dir():
-        raise InvalidInput(f"--dir {value!r}: {host} is not a directory")
+        raise InvalidInput(f"--dir {value!r}: {display(host)} is not a directory")
+    if display(value) != value:
+        raise InvalidInput(f"--dir {value!r}: not UTF-8 (WASI grants UTF-8 paths only)")
     try:
         return Mount(source=host.resolve(), target=guest, mode=mode)
     except ValidationError as exc:
@@ -57,6 +60,7 @@ def parse_dir(value: str) -> Mount:
     metavar="NAME=VALUE",
     help="Set a variable in the guest (nothing is inherited).",
 )
+@secret_path_option
 @json_option
 def run_cmd(
     module: Path,
@@ -69,6 +73,7 @@ def run_cmd(
     dirs: tuple[str, ...],
     stdin_file: Path | None,
     env_pairs: tuple[str, ...],
+    allow_secret: bool,
     as_json: bool,
 ) -> None:
     """Run MODULE (.wasm or .wat) as a WASI command: hybrid wasm run MOD.wasm [OPTIONS] -- ARGS."""
@@ -92,8 +97,9 @@ def run_cmd(
         env.allow.append(name)
     spec = spec.model_copy(update={"mounts": mounts, "env": env})
     if stdin_file is not None and not stdin_file.is_file():
-        raise InvalidInput(f"--stdin {stdin_file}: no such file")
-    result = run(module, list(args), stdin=stdin_file, spec=spec, program=module.name)
+        raise InvalidInput(f"--stdin {display(stdin_file)}: no such file")
+    with secret_scope(allow_secret):
+        result = run(module, list(args), stdin=stdin_file, spec=spec, program=module.name)
     emit(result, as_json, lambda: render_result(result))
     code = exit_code_for(result)
     if code:

@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -37,8 +38,8 @@ import wasmtime
 
 from hybrid import owner
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
-from hybrid.paths import read_input
-from hybrid.policy import Mount, SandboxSpec, admit, human_size
+from hybrid.paths import display, read_input
+from hybrid.policy import Mount, SandboxSpec, admit, check_input_path, human_size
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.wasm import engine as _engine
 from hybrid.wasm import poll
@@ -216,9 +217,15 @@ def run(
         if stdin is not None:
             if isinstance(stdin, Path):
                 if not stdin.is_file():
-                    raise InvalidInput(f"{stdin}: no such stdin file")
-                wasi.stdin_file = str(stdin)
-            else:
+                    raise InvalidInput(f"{display(stdin)}: no such stdin file")
+                check_input_path(stdin, "stdin file")
+                try:
+                    wasi.stdin_file = str(stdin)
+                except UnicodeEncodeError:  # WASI takes UTF-8 paths: hand over the bytes
+                    stdin = read_input(stdin, "stdin file")
+                except wasmtime.WasmtimeError:  # it could not open the file: say why
+                    stdin = read_input(stdin, "stdin file")
+            if not isinstance(stdin, Path):
                 stdin_path = io_dir / "stdin"
                 stdin_path.write_bytes(stdin.encode() if isinstance(stdin, str) else stdin)
                 wasi.stdin_file = str(stdin_path)
@@ -338,7 +345,7 @@ def classify_trap(exc: wasmtime.Trap) -> tuple[Termination, str]:
         return Termination.OUT_OF_FUEL, "fuel budget used up"
     if code == wasmtime.TrapCode.INTERRUPT:
         return Termination.TIMEOUT, "wall-clock deadline reached"
-    return Termination.TRAP, _first_line(exc.message)
+    return Termination.TRAP, trap_summary(exc.message)
 
 
 def classify_error(exc: wasmtime.WasmtimeError) -> tuple[Termination, str]:
@@ -349,12 +356,37 @@ def classify_error(exc: wasmtime.WasmtimeError) -> tuple[Termination, str]:
     if "interrupt" in text:
         return Termination.TIMEOUT, "wall-clock deadline reached"
     if "memory" in text and ("minimum" in text or "limit" in text):
-        return Termination.OUT_OF_MEMORY, _first_line(text)
+        return Termination.OUT_OF_MEMORY, trap_summary(text)
     if "wasm trap" in text or "wasm backtrace" in text:
-        return Termination.TRAP, _first_line(text)
-    return Termination.ERROR, _first_line(text)
+        return Termination.TRAP, trap_summary(text)
+    return Termination.ERROR, trap_summary(text)
 
 
-def _first_line(text: str) -> str:
-    text = text.strip()
-    return text.splitlines()[0] if text else "unknown error"
+_FRAME = re.compile(r"^\s*\d+:\s+0x[0-9a-f]+ - (?:.*!)?(.+?)\s*$")
+_FRAMES_SHOWN = 3
+
+
+def trap_summary(text: str) -> str:
+    """One line from wasmtime's multi-line report: the cause, then the innermost frames.
+
+    wasmtime writes ``error while executing at wasm backtrace:``, the frames, then ``Caused by:``
+    and the cause; the first line alone says nothing.
+    """
+    lines = [line.strip() for line in text.strip().splitlines()]
+    frames = [m.group(1) for line in text.splitlines() if (m := _FRAME.match(line))]
+    causes: list[str] = []
+    if "Caused by:" in lines:
+        after = lines[lines.index("Caused by:") + 1 :]
+        causes = [re.sub(r"^\d+:\s*", "", line) for line in after if line]
+    head = next((line for line in lines if line), "unknown error")
+    if causes:
+        head = ": ".join(c.removeprefix("wasm trap: ") for c in causes)
+    elif frames and head.endswith("wasm backtrace:"):
+        head = "trap"
+    if frames:
+        shown = " <- ".join(frames[:_FRAMES_SHOWN])
+        more = (
+            f" <- ... ({len(frames) - _FRAMES_SHOWN} more)" if len(frames) > _FRAMES_SHOWN else ""
+        )
+        head += f" (in {shown}{more})"
+    return head

@@ -176,3 +176,170 @@ def test_disk_maximum_per_tier() -> None:
     huge = SandboxSpec(budget=Budget(disk=host + 1))
     assert any("budget.disk" in v and "docker tier's maximum" in v for v in admit(huge, "docker"))
     assert admit(SandboxSpec(), "wasm") == [] and admit(SandboxSpec(), "docker") == []
+
+
+# Failure 7 of issue 9: specs admit() used to let through.
+
+
+@pytest.mark.parametrize("pattern", ["*", "*:*", "*.*", "?*", "*:443", "*.com", "pypi.*", "[a-z]*"])
+def test_allow_lists_that_match_every_host_are_refused(pattern: str) -> None:
+    spec = SandboxSpec(tier="docker", network={"mode": "egress", "allow": [pattern]})
+    violations = admit(spec)
+    assert len(violations) == 1, violations
+    assert f"network.allow[0] {pattern!r}: matches hosts in every domain" in violations[0]
+
+
+@pytest.mark.parametrize("pattern", ["index.example.com", "example.com:443", "*.example.com:*"])
+def test_allow_lists_that_name_hosts_are_admitted(pattern: str) -> None:
+    assert admit(SandboxSpec(tier="docker", network={"mode": "egress", "allow": [pattern]})) == []
+
+
+def _mounted(source: str | Path, mode: str = "ro") -> list[str]:
+    spec = SandboxSpec(mounts=[Mount(source=Path(source), target="/workspace/m", mode=mode)])
+    return admit(spec)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["/run/docker", "/run/containerd", "/var/lib/docker", "/etc/ssh", "~/.m2", "~/.cache/hybrid"],
+)
+def test_mounts_of_engine_and_host_control_paths_are_refused(source: str) -> None:
+    violations = _mounted(source)
+    assert len(violations) == 1 and "exposes the host secret path" in violations[0], violations
+
+
+def test_the_module_cache_and_state_dir_are_secret(tmp_path: Path, monkeypatch) -> None:
+    from hybrid.paths import cache_dir, state_dir
+
+    monkeypatch.setenv("HYBRID_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HYBRID_STATE_DIR", str(tmp_path / "state"))
+    for directory in (cache_dir("wasm"), state_dir("baselines")):
+        assert any("exposes the host secret path" in v for v in _mounted(directory))
+    link = tmp_path / "innocent"
+    link.symlink_to(tmp_path / "cache")  # symlinks are resolved
+    assert any("exposes the host secret path" in v for v in _mounted(link))
+    assert _mounted(tmp_path / "elsewhere") == []
+
+
+@pytest.mark.parametrize(
+    "source", ["/etc", "/usr", "/bin", "/lib", "/var", "/boot", "/proc", "/sys", "/", "/usr/lib"]
+)
+def test_writable_mounts_of_system_directories_are_refused(source: str) -> None:
+    assert any("writable mount of the host system directory" in v for v in _mounted(source, "rw"))
+    assert not any("system directory" in v for v in _mounted(source, "ro"))
+
+
+@pytest.mark.parametrize("name", ["OPENAI_APIKEY", "DATABASE_URL", "GH_PAT", "NPM_AUTH"])
+def test_credential_names_are_never_inherited(name: str) -> None:
+    spec = SandboxSpec(env={"allow": [name], "inherit": [name]})
+    assert admit(spec) == [
+        f"env: {name} looks like a credential; host credentials are never inherited (set a scoped value in env.set)"
+    ]
+
+
+def test_urls_carrying_a_password_are_credentials(monkeypatch) -> None:
+    monkeypatch.setenv("SERVICE_URL", "https://bot:hunter2@git.example.com/x.git")
+    monkeypatch.setenv("MIRROR_URL", "https://mirror.example.com/debian")
+    names = ["SERVICE_URL", "MIRROR_URL", "LANG", "PATH", "GIT_AUTHOR_NAME"]
+    violations = admit(SandboxSpec(env={"allow": names, "inherit": names}))
+    assert len(violations) == 1 and "SERVICE_URL looks like a credential" in violations[0]
+
+
+@pytest.mark.parametrize(
+    ("budget", "field"),
+    [("fuel = true", "fuel"), ("pids = false", "pids"), ("wall_seconds = true", "wall_seconds")],
+)
+def test_booleans_are_not_budgets(tmp_path: Path, budget: str, field: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(f"[budget]\n{budget}\n")
+    with pytest.raises(PolicyError, match=f"budget.{field}: must be a number, not "):
+        SandboxSpec.from_toml(path)
+
+
+@pytest.mark.parametrize(
+    ("tier", "budget", "message"),
+    [
+        ("auto", {"memory": "1"}, "budget.memory: 1 is below the auto tier's minimum of 64K"),
+        ("docker", {"memory": "4M"}, "budget.memory: 4M is below the docker tier's minimum of 6M"),
+        ("gvisor", {"memory": "8M"}, "budget.memory: 8M is below the gvisor tier's minimum of 16M"),
+        ("gvisor", {"pids": 8}, "budget.pids: 8 is below the gvisor tier's minimum of 32"),
+        ("docker", {"pids": 1}, "budget.pids: 1 is below the docker tier's minimum of 2"),
+        (
+            "docker",
+            {"cpus": 0.001},
+            "budget.cpus: 0.001 is below the docker tier's minimum of 0.01",
+        ),
+        ("wasm", {"wall_seconds": 0.001}, "budget.wall_seconds: 0.001 is below"),
+        ("wasm", {"output_bytes": 1}, "budget.output_bytes: 1 is below the wasm tier's minimum"),
+    ],
+)
+def test_caps_too_small_to_start_anything_are_refused(
+    tier: str, budget: dict, message: str
+) -> None:
+    violations = admit(SandboxSpec(tier=tier, budget=budget))
+    assert len(violations) == 1 and violations[0].startswith(message), violations
+
+
+@pytest.mark.parametrize(
+    ("workspace", "message"),
+    [
+        ("/proc", "the system directory /proc"),
+        ("/workspace/../etc", "must not contain '..'"),
+        ("/usr/src", "the system directory /usr"),
+        ("//etc", "the system directory /etc"),
+        ("workspace", "absolute directory"),
+    ],
+)
+def test_workspaces_on_system_paths_are_refused(workspace: str, message: str) -> None:
+    violations = admit(SandboxSpec(workspace=workspace))
+    assert len(violations) == 1 and message in violations[0], violations
+
+
+def test_gvisor_with_egress_is_refused_by_admit() -> None:
+    spec = SandboxSpec(tier="gvisor", network={"mode": "egress", "allow": ["example.com"]})
+    (violation,) = admit(spec)
+    assert "gVisor here runs with --network=none" in violation
+    assert admit(spec, "docker") == []
+
+
+def test_every_new_violation_is_listed_at_once(monkeypatch) -> None:
+    spec = SandboxSpec.model_validate(
+        {
+            "tier": "gvisor",
+            "network": {"mode": "egress", "allow": ["*"]},
+            "mounts": [
+                {"source": "/var/lib/docker", "target": "/d"},
+                {"source": "/usr", "target": "/workspace/usr", "mode": "rw"},
+            ],
+            "workspace": "/proc",
+            "env": {"allow": ["GH_PAT"], "inherit": ["GH_PAT"]},
+            "budget": {"memory": "1"},
+        }
+    )
+    text = "\n".join(admit(spec))
+    for expected in (
+        "gVisor here runs with --network=none",
+        "network.allow[0] '*'",
+        "mounts[0] /var/lib/docker -> /d: exposes",
+        "mounts[1] /usr -> /workspace/usr: writable mount outside the workspace /proc",
+        "mounts[1] /usr -> /workspace/usr: writable mount of the host system directory /usr",
+        "workspace: '/proc'",
+        "env: GH_PAT looks like a credential",
+        "budget.memory: 1 is below",
+    ):
+        assert expected in text, text
+
+
+def test_policy_check_and_run_agree_on_gvisor_with_egress(hybrid_main, tmp_path: Path) -> None:
+    """The rule lives in admit(): `policy check` says it, and `run`/`route` refuse before any engine."""
+    spec = tmp_path / "gvisor-egress.toml"
+    spec.write_text('tier = "gvisor"\n[network]\nmode = "egress"\nallow = ["example.com"]\n')
+    code, out, _ = hybrid_main("policy", "check", str(spec))
+    assert code == 3 and "gVisor here runs with --network=none" in out
+    for command in ("run", "route"):
+        code, out, err = hybrid_main(
+            command, "--tier", "gvisor", "--policy", str(spec), "--", "true"
+        )
+        assert code == 3, (out, err)
+        assert len(err.strip().splitlines()) == 1
+        assert "gVisor here runs with --network=none" in err

@@ -63,24 +63,41 @@ impl Search {
         full.strip_prefix(&self.root).map(|r| r.trim_start_matches('/')).unwrap_or(full)
     }
 
+    fn shown<'a>(&self, dir: &'a str) -> &'a str {
+        match self.relative(dir) {
+            "" => ".",
+            rel => rel,
+        }
+    }
+
     fn walk(&mut self, dir: &str) {
-        let mut entries: Vec<(String, bool)> = match std::fs::read_dir(dir) {
-            Ok(iter) => iter
-                .filter_map(Result::ok)
-                .filter_map(|e| {
-                    let kind = e.file_type().ok()?;
+        let mut entries: Vec<(String, bool)> = Vec::new();
+        match std::fs::read_dir(dir) {
+            Ok(iter) => {
+                for entry in iter {
+                    // An entry WASI cannot represent (a name that is not UTF-8) ends the listing:
+                    // say so instead of reporting a silently shorter search.
+                    let e = match entry {
+                        Ok(e) => e,
+                        Err(err) => {
+                            self.unreadable.push(format!("{}: cannot list: {}", self.shown(dir), err));
+                            break;
+                        }
+                    };
+                    let kind = match e.file_type() {
+                        Ok(kind) => kind,
+                        Err(_) => continue,
+                    };
                     let name = e.file_name().to_string_lossy().into_owned();
                     if kind.is_dir() {
-                        Some((name, true))
+                        entries.push((name, true));
                     } else if kind.is_file() {
-                        Some((name, false))
-                    } else {
-                        None // symlinks and devices are not followed
-                    }
-                })
-                .collect(),
+                        entries.push((name, false));
+                    } // symlinks and devices are not followed
+                }
+            }
             Err(err) => {
-                self.unreadable.push(format!("{}: {}", self.relative(dir), err));
+                self.unreadable.push(format!("{}: {}", self.shown(dir), err));
                 return;
             }
         };
