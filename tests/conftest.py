@@ -8,8 +8,10 @@ a green CI run means the container tiers were really tested; and the WASI contai
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -99,3 +101,25 @@ def probe() -> Path:
         )
         os.replace(tmp, out)
     return out
+
+
+CliResult = tuple[int, str, str]
+
+
+@pytest.fixture
+def hybrid_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., CliResult]:
+    """``hybrid ARGS`` through the real console entry point, in process (fast): (exit code,
+    stdout, stderr); stdin is ``stdin`` (empty by default); an escaping exception fails."""
+    from hybrid.cli import main
+
+    def invoke(*args: str, stdin: bytes = b"") -> CliResult:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        with pytest.raises(SystemExit) as exited:
+            main(list(args))
+        out = capsys.readouterr()
+        code = exited.value.code
+        return (code if isinstance(code, int) else 1), out.out, out.err
+
+    return invoke

@@ -209,9 +209,9 @@ FILE_CASES = list(_file_cases())
     FILE_CASES,
     ids=[f"{c}-{i}-{b}" for i, (c, _, b) in enumerate(FILE_CASES)],
 )
-def test_bad_files(hybrid_main, inputs, command: str, args: list[str], bad: str) -> None:
+def test_bad_files(hybrid_cli, inputs, command: str, args: list[str], bad: str) -> None:
     argv = [*command.split(), *fill(args, inputs, inputs[bad])]
-    code, _, err = hybrid_main(*argv)
+    code, _, err = hybrid_cli(*argv)
     assert_one_line(code, err, argv)
 
 
@@ -221,11 +221,11 @@ POLICY_CASES = [(c, bad) for c in BASE_ARGS for bad in BAD_POLICIES]
 @pytest.mark.parametrize(
     ("command", "bad"), POLICY_CASES, ids=[f"{c}-{b}" for c, b in POLICY_CASES]
 )
-def test_bad_policy_files(hybrid_main, inputs, command: str, bad: str) -> None:
+def test_bad_policy_files(hybrid_cli, inputs, command: str, bad: str) -> None:
     argv = [*command.split(), "--policy", inputs[bad], *fill(BASE_ARGS[command], inputs)]
     if command in ("run", "route"):  # --policy must come before the command after --
         argv = [*command.split(), "--policy", inputs[bad], "--", "true"]
-    code, _, err = hybrid_main(*argv)
+    code, _, err = hybrid_cli(*argv)
     assert_one_line(code, err, argv)
 
 
@@ -256,13 +256,13 @@ BUDGET_CASES = list(_budget_cases())
     BUDGET_CASES,
     ids=[f"{c}-{o}-{v[:8]}" for c, o, v in BUDGET_CASES],
 )
-def test_bad_budget_values(hybrid_main, inputs, command: str, option: str, value: str) -> None:
+def test_bad_budget_values(hybrid_cli, inputs, command: str, option: str, value: str) -> None:
     base = fill(BASE_ARGS[command], inputs)
     if command in ("run", "route"):
         argv = [*command.split(), option, value, "--tier", "docker", *base]
     else:
         argv = [*command.split(), option, value, *base]
-    code, _, err = hybrid_main(*argv)
+    code, _, err = hybrid_cli(*argv)
     assert_one_line(code, err, argv)
 
 
@@ -270,19 +270,19 @@ LEAVES = [path for path, _ in leaves_now()]
 
 
 @pytest.mark.parametrize("command", LEAVES)
-def test_unknown_options_and_garbage_arguments(hybrid_main, command: str) -> None:
+def test_unknown_options_and_garbage_arguments(hybrid_cli, command: str) -> None:
     if dict(leaves_now())[command].context_settings.get("ignore_unknown_options"):
         pytest.skip("passes unknown options on to the command it runs")
     for extra in (["--no-such-option"], ["--no-such-option=" + "\udcff" * 10_000]):
         argv = [*command.split(), *extra]
-        code, _, err = hybrid_main(*argv)
+        code, _, err = hybrid_cli(*argv)
         assert_one_line(code, err, argv)
 
 
 @pytest.mark.parametrize("args", ARG_CASES, ids=[" ".join(a)[:40] for a in ARG_CASES])
-def test_malformed_and_oversized_arguments(hybrid_main, inputs, args: list[str]) -> None:
+def test_malformed_and_oversized_arguments(hybrid_cli, inputs, args: list[str]) -> None:
     argv = fill(args, inputs)
-    code, _, err = hybrid_main(*argv)
+    code, _, err = hybrid_cli(*argv)
     assert_one_line(code, err, argv)
 
 
@@ -302,10 +302,10 @@ def _engine_objects() -> list[str]:
 
 @pytest.mark.parametrize("args", ENGINE_CASES, ids=[" ".join(a)[:40] for a in ENGINE_CASES])
 def test_engine_commands_refuse_bad_input_without_making_anything(
-    hybrid_main, inputs, args: list[str]
+    hybrid_cli, inputs, args: list[str]
 ) -> None:
     argv = fill(args, inputs)
-    code, _, err = hybrid_main(*argv)
+    code, _, err = hybrid_cli(*argv)
     assert_one_line(code, err, argv)
     assert _engine_objects() == []
 

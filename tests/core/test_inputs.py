@@ -93,37 +93,37 @@ def test_library_inputs_pass_the_rule(links) -> None:
         ["wasm", "run", "{nested}"],
     ],
 )
-def test_cli_inputs_naming_secret_paths_are_refused(hybrid_main, links, args: list[str]) -> None:
+def test_cli_inputs_naming_secret_paths_are_refused(hybrid_cli, links, args: list[str]) -> None:
     argv = [a.format(**{k: str(v) for k, v in links.items()}) for a in args]
-    code, out, err = hybrid_main(*argv)
+    code, out, err = hybrid_cli(*argv)
     assert code == 3, (code, out, err)
     assert "host secret path /etc/" in one_line(err)
     assert "root:" not in out + err
 
 
-def test_allow_secret_path_reads_and_warns(hybrid_main, links) -> None:
-    code, out, err = hybrid_main("check", "grep", "^root:", str(links["file"]), "--json")
+def test_allow_secret_path_reads_and_warns(hybrid_cli, links) -> None:
+    code, out, err = hybrid_cli("check", "grep", "^root:", str(links["file"]), "--json")
     assert code == 3
-    code, out, err = hybrid_main(
+    code, out, err = hybrid_cli(
         "check", "grep", "^root:", str(links["file"]), "--json", "--allow-secret-path"
     )
     assert code == 0 and '"found": true' in out
     assert one_line(err).startswith("hybrid: warning: file to search")
-    code, out, err = hybrid_main(
+    code, out, err = hybrid_cli(
         "wasm", "run", HELLO, "--stdin", "/etc/shadow", "--allow-secret-path"
     )
     assert code == 0 and out == "hello\n"
     assert "hybrid: warning: stdin file /etc/shadow" in one_line(err)
 
 
-def test_policy_init_into_an_unwritable_place(hybrid_main, tmp_path: Path) -> None:
-    code, _, err = hybrid_main("policy", "init", "/proc/nope.toml")
+def test_policy_init_into_an_unwritable_place(hybrid_cli, tmp_path: Path) -> None:
+    code, _, err = hybrid_cli("policy", "init", "/proc/nope.toml")
     assert (
         code == 2
         and one_line(err)
         == "hybrid: error: /proc/nope.toml: cannot write: No such file or directory"
     )
-    code, _, err = hybrid_main("policy", "init", str(tmp_path / "no" / "dir" / "p.toml"))
+    code, _, err = hybrid_cli("policy", "init", str(tmp_path / "no" / "dir" / "p.toml"))
     assert code == 2 and "cannot write" in one_line(err)
     assert list(tmp_path.iterdir()) == []
 
@@ -138,14 +138,14 @@ def latin1(tmp_path: Path) -> Path:
     return root
 
 
-def test_non_utf8_names_to_check_csv_and_grep(hybrid_main, latin1: Path) -> None:
+def test_non_utf8_names_to_check_csv_and_grep(hybrid_cli, latin1: Path) -> None:
     csv = latin1 / os.fsdecode(b"d\xe9j\xe0.csv")
-    code, out, err = hybrid_main("check", "csv", str(csv), "--require", "a,b")
+    code, out, err = hybrid_cli("check", "csv", str(csv), "--require", "a,b")
     assert code == 0 and "rows:    1" in out and "Traceback" not in err
-    code, out, err = hybrid_main("check", "grep", "a,b", str(csv))
+    code, out, err = hybrid_cli("check", "grep", "a,b", str(csv))
     assert code == 0 and ":1:1:a,b" in out, err
     # The directory holds a name WASI cannot list: grep says so instead of "0 of 0 files".
-    code, out, err = hybrid_main("check", "grep", "root", str(latin1))
+    code, out, err = hybrid_cli("check", "grep", "root", str(latin1))
     assert code == 1
     assert "skipped unreadable: .: cannot list" in one_line(err)
     assert "not UTF-8" in err
@@ -153,15 +153,15 @@ def test_non_utf8_names_to_check_csv_and_grep(hybrid_main, latin1: Path) -> None
     assert report.unreadable and not report.found
 
 
-def test_non_utf8_file_name_to_py_eval(hybrid_main, latin1: Path) -> None:
-    code, _, err = hybrid_main(
+def test_non_utf8_file_name_to_py_eval(hybrid_cli, latin1: Path) -> None:
+    code, _, err = hybrid_cli(
         "py", "eval", "pass", "--file", str(latin1 / os.fsdecode(b"d\xe9j\xe0.csv"))
     )
     assert code == 2 and "the name is not UTF-8" in one_line(err)
 
 
-def test_map_of_a_missing_directory_is_one_line(hybrid_main) -> None:
-    code, _, err = hybrid_main("map", "/nonexistent")
+def test_map_of_a_missing_directory_is_one_line(hybrid_cli) -> None:
+    code, _, err = hybrid_cli("map", "/nonexistent")
     assert code == 2
     assert one_line(err) == (
         "hybrid: error: Invalid value for '[PATH]': Directory '/nonexistent' does not exist. "

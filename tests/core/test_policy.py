@@ -330,14 +330,14 @@ def test_every_new_violation_is_listed_at_once(monkeypatch) -> None:
         assert expected in text, text
 
 
-def test_policy_check_and_run_agree_on_gvisor_with_egress(hybrid_main, tmp_path: Path) -> None:
+def test_policy_check_and_run_agree_on_gvisor_with_egress(hybrid_cli, tmp_path: Path) -> None:
     """The rule lives in admit(): `policy check` says it, and `run`/`route` refuse before any engine."""
     spec = tmp_path / "gvisor-egress.toml"
     spec.write_text('tier = "gvisor"\n[network]\nmode = "egress"\nallow = ["example.com"]\n')
-    code, out, _ = hybrid_main("policy", "check", str(spec))
+    code, out, _ = hybrid_cli("policy", "check", str(spec))
     assert code == 3 and "gVisor here runs with --network=none" in out
     for command in ("run", "route"):
-        code, out, err = hybrid_main(
+        code, out, err = hybrid_cli(
             command, "--tier", "gvisor", "--policy", str(spec), "--", "true"
         )
         assert code == 3, (out, err)
