@@ -475,7 +475,14 @@ def _check_input(path: str | os.PathLike[str], secret: Path | None, what: str) -
 
 def _allow_problem(pattern: str) -> str | None:
     """Why a network.allow pattern is unsafe, or None."""
-    host, sep, port = pattern.strip().lower().partition(":")
+    pattern = pattern.strip().lower()
+    if pattern.startswith("["):  # an IPv6 literal, [addr] or [addr]:port, as the proxy reads it
+        host, closed, rest = pattern[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            return "an IPv6 address goes in brackets, as [addr] or [addr]:port"
+        sep, port = rest[:1], rest[1:]
+    else:
+        host, sep, port = pattern.partition(":")
     if not host:
         return "names no host"
     if sep and port != "*" and not (port.isdigit() and 0 < int(port) < 65536):

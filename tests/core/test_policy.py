@@ -343,3 +343,15 @@ def test_policy_check_and_run_agree_on_gvisor_with_egress(hybrid_cli, tmp_path: 
         assert code == 3, (out, err)
         assert len(err.strip().splitlines()) == 1
         assert "gVisor here runs with --network=none" in err
+
+
+@pytest.mark.parametrize("pattern", ["[::1]:8080", "[fc00::1]", "[::ffff:10.1.2.3]:*"])
+def test_ipv6_literal_patterns_are_read_as_the_proxy_reads_them(pattern: str) -> None:
+    spec = SandboxSpec(tier="docker", network={"mode": "egress", "allow": [pattern]})
+    assert admit(spec) == []
+
+
+@pytest.mark.parametrize("pattern", ["[::1", "[::1]8080", "[]:80"])
+def test_malformed_ipv6_patterns_are_refused(pattern: str) -> None:
+    spec = SandboxSpec(tier="docker", network={"mode": "egress", "allow": [pattern]})
+    assert len(admit(spec)) == 1

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -336,7 +336,7 @@ def stop_children() -> None:
 # -- what a case may leave behind -------------------------------------------------------------------
 
 
-def _descendants(pid: int) -> list[tuple[int, str]]:
+def _descendants(pid: int, skip: Collection[int] = ()) -> list[tuple[int, str]]:
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
     for stat in glob.glob("/proc/[0-9]*/stat"):
@@ -354,7 +354,7 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     while frontier:
         current = frontier.pop()
         for child, parent in parents.items():
-            if parent == current:
+            if parent == current and child not in skip:
                 found.append((child, names[child]))
                 frontier.append(child)
     return found
@@ -477,14 +477,21 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     found += [f"io {name}" for name in sorted(_tree(io) - base.io)]
     if tier == "wasm" and len(CHILDREN) > base.children:
         found += [f"/dev/shm/{name}" for name in sorted(_shm() - base.shm)]
+    # python-wasm keeps idle worker processes for reuse, by design: exactly those may stay.
+    from hybrid.wasm.python.isolation import idle_workers
+
+    workers = idle_workers()
+    pooled = {str(fd) for pair in workers.values() for fd in pair}
     fds = _fds()
     found += [
         f"fd {fd} -> {target}"
         for fd, target in sorted(fds.items())
-        if base.fds.get(fd) != target and fd not in base.fds
+        if base.fds.get(fd) != target and fd not in base.fds and fd not in pooled
     ]
     found += _busy_threads(base.threads)
-    found += [f"child process {pid} {name}" for pid, name in _descendants(os.getpid())]
+    found += [
+        f"child process {pid} {name}" for pid, name in _descendants(os.getpid(), skip=set(workers))
+    ]
     found += [
         f"cgroup {p}"
         for p in glob.glob("/sys/fs/cgroup/*/hybrid*")
