@@ -476,7 +476,8 @@ def _check_input(path: str | os.PathLike[str], secret: Path | None, what: str) -
 def _allow_problem(pattern: str) -> str | None:
     """Why a network.allow pattern is unsafe, or None."""
     pattern = pattern.strip().lower()
-    if pattern.startswith("["):  # an IPv6 literal, [addr] or [addr]:port, as the proxy reads it
+    if pattern.startswith("[") and ":" in pattern.partition("]")[0]:
+        # An IPv6 literal, [addr] or [addr]:port, as the proxy reads it ([a-z]* is a glob).
         host, closed, rest = pattern[1:].partition("]")
         if not closed or (rest and not rest.startswith(":")):
             return "an IPv6 address goes in brackets, as [addr] or [addr]:port"
