@@ -1079,13 +1079,18 @@ class DockerBackend:
             with contextlib.suppress(errors.DockerException):
                 api.remove_container(helper, force=True)
 
-    def _remove_egress(self, name: str) -> None:
+    def _remove_egress(self, name: str, report: GcReport | None = None) -> None:
+        """Remove workstation ``name``'s relay, proxy and socket volume (recorded in ``report``)."""
         api = client().api
         for container in (f"hybrid-{name}-relay", f"hybrid-{name}-proxy"):
             with contextlib.suppress(errors.DockerException):
                 api.remove_container(container, force=True)
+                if report is not None:
+                    report.containers.append(container)
         with contextlib.suppress(errors.DockerException):
             api.remove_volume(f"hybrid-{name}-egress", force=True)
+            if report is not None:
+                report.volumes.append(f"hybrid-{name}-egress")
         with contextlib.suppress(errors.DockerException):
             api.remove_network(f"hybrid-{name}-net")  # made by earlier versions
 
@@ -1321,7 +1326,7 @@ class DockerBackend:
                     _remove_volume(labels[LABEL_VOLUME])
                     report.volumes.append(labels[LABEL_VOLUME])
             if labels.get(LABEL_NETWORK):
-                self._remove_egress(labels.get(LABEL_NAME, ""))
+                self._remove_egress(labels.get(LABEL_NAME, ""), report)
 
     def gc(self, everything: bool = False) -> GcReport:
         """Remove what crashed clients left: their scoped containers, orphan volumes, fork snapshots.

@@ -619,6 +619,25 @@ def containers_of(pid: int) -> dict[str, str]:
     return found
 
 
+def jobs_of(pid: int) -> dict[str, list[str]]:
+    """name -> commands running in each hybrid container process ``pid`` owns, besides PID 1.
+
+    A one-shot container's PID 1 is a bare ``sleep`` the engine ends by itself a setup allowance
+    after the deadline; what must not outlive the deadline is the job, which the watchdog inside
+    the exec kills without any client."""
+    from hybrid.workstation.docker import client
+
+    api = client().api
+    found: dict[str, list[str]] = {}
+    for name, state in containers_of(pid).items():
+        if state != "running":
+            continue
+        with contextlib.suppress(Exception):  # it may end between the listing and here
+            rows = api.top(name, ps_args="-o pid,args").get("Processes") or []
+            found[name] = [row[-1] for row in rows[1:]]  # rows[0] is PID 1
+    return {name: jobs for name, jobs in found.items() if jobs}
+
+
 def wait_for(check: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
     """Poll ``check`` until it returns something true or ``timeout`` passes; its last value."""
     end = time.monotonic() + timeout

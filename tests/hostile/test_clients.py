@@ -24,8 +24,11 @@ from hostile_kit import (
     WorkstationDriver,
     containers_of,
     hybrid_cli,
+    jobs_of,
     wait_for,
 )
+
+from hybrid import owner
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -70,9 +73,11 @@ def _started(sandbox: Driver, child: subprocess.Popen[bytes], ws: Any, tmp: Path
     if sandbox.kind == "process":  # a tier this suite knows nothing of: give it time to start
         time.sleep(2)
         return True
-    # In process: the client made its run's scratch directory (it shares the suite's TMPDIR).
+    # In process: the client (or its python-wasm worker) made its run's directories: scratch in
+    # the suite's TMPDIR (a capped wasm scratch is a detached tmpfs with no path), I/O in /dev/shm.
     since = Path(f"/proc/{child.pid}").stat().st_ctime
-    return any(p.stat().st_ctime >= since for p in tmp.glob("hybrid-*"))
+    made = [*tmp.glob("hybrid-*"), *Path(owner.SHM).glob(f"hybrid-io-{child.pid}-*")]
+    return any(p.stat().st_ctime >= since for p in made)
 
 
 def client_traceback(err: str) -> bool:
@@ -113,10 +118,8 @@ def test_killed_client(sandbox: Driver, signal_name: str, row: Row, hostile_tmp:
             gone = wait_for(lambda: ws.exec(probe).stdout.strip() == "gone", remaining)
             assert gone, "the job outlived its deadline after the client died"
         elif sandbox.tier in ("docker", "gvisor"):
-            stopped = wait_for(
-                lambda: "running" not in containers_of(child.pid).values(), max(remaining, 1)
-            )
-            assert stopped, f"the container outlived its deadline: {containers_of(child.pid)}"
+            stopped = wait_for(lambda: not jobs_of(child.pid), max(remaining, 1))
+            assert stopped, f"the job outlived its deadline: {jobs_of(child.pid)}"
 
         if signal_name == "SIGKILL" and not isinstance(sandbox, WorkstationDriver):
             # What a killed client leaves is reaped when the next run starts.
