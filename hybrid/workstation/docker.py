@@ -52,7 +52,7 @@ from hybrid.errors import (
     WorkstationNotFound,
 )
 from hybrid.owner import start_time as _start_time
-from hybrid.policy import SandboxSpec, admit
+from hybrid.policy import SandboxSpec, admit, check_input_path
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.workstation import archive, disk, state
 from hybrid.workstation.base import (
@@ -864,6 +864,9 @@ class DockerBackend:
         violations = admit(spec, tier)
         if violations:
             raise PolicyViolation(violations)
+        if repo is not None:
+            # A repository is an input the user named: the same secret-path rule as a mount.
+            check_input_path(repo, "repository")
         name = check_name(name or f"ws-{secrets.token_hex(4)}")
         image = image or BASE_IMAGE
         # Labels are engine metadata (inspect, events, images): they get the spec without values.

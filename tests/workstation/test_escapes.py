@@ -426,3 +426,18 @@ def test_engine_archive_names_are_checked(tmp_path):
         with archive.open("rb") as fh, pytest.raises(InvalidInput):
             extract(fh, tmp_path / "dest", "test")
         assert not (tmp_path / "dest").exists()
+
+
+def test_a_repository_at_a_host_secret_path_is_refused_before_anything_is_made(engine, tmp_path):
+    """--repo is an input the user named: the secret-path rule of mounts applies to it too."""
+    from hybrid.errors import PolicyViolation
+    from hybrid.policy import SandboxSpec
+
+    secret_dir = Path("/var/lib/docker")  # the engine's own state: a listed secret path
+    link = tmp_path / "innocent"
+    link.symlink_to(secret_dir)
+    before = {w.name for w in engine.list()}
+    for repo in (secret_dir, link):
+        with pytest.raises(PolicyViolation, match="secret path"):
+            engine.create(SandboxSpec(tier="docker"), repo=repo)
+    assert {w.name for w in engine.list()} == before
