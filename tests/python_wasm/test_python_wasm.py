@@ -495,3 +495,16 @@ def test_parallel_runs_share_one_component_and_stay_isolated() -> None:
     assert not errors, errors[0]
     assert len(results) == 40
     assert all(out == f"None {key}\n" for key, out in results.items())
+
+
+def test_a_non_utf8_input_file_name_is_one_clear_error(tmp_path: Path) -> None:
+    import os
+
+    from hybrid.errors import InvalidInput
+
+    path = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9.csv"))
+    path.write_bytes(b"a\n1\n")
+    with pytest.raises(InvalidInput, match="not UTF-8"):
+        run_python("print(1)", files=[path])
+    renamed = run_python("print(open('data.csv').read())", files={"data.csv": path})
+    assert renamed.stdout == "a\n1\n\n", renamed

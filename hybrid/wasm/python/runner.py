@@ -572,6 +572,14 @@ def _read_inputs(files: InputFiles) -> list[tuple[str, bytes]]:
         rel = PurePosixPath(name)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts == (".",):
             raise InvalidInput(f"input file name {name!r} must be a relative path without '..'")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # WASI paths are UTF-8: the guest could not name it
+            shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            raise InvalidInput(
+                f"input file name {shown!r} is not UTF-8; give it a UTF-8 name, e.g. "
+                "files={'data.csv': path}"
+            ) from None
         if isinstance(content, Path):
             data = read_input(content, "input file")
         else:
