@@ -473,14 +473,20 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     from hybrid.wasm.runtime import remove_scratch_dirs
 
     remove_scratch_dirs()  # idle per-thread scratch directories go at exit; so here
-    found = [f"tmp {name}" for name in sorted(_tree(tmp) - base.tmp)]
-    found += [f"io {name}" for name in sorted(_tree(io) - base.io)]
-    if tier == "wasm" and len(CHILDREN) > base.children:
-        found += [f"/dev/shm/{name}" for name in sorted(_shm() - base.shm)]
-    # python-wasm keeps idle worker processes for reuse, by design: exactly those may stay.
+    # python-wasm keeps idle worker processes for reuse, by design: exactly those (with their
+    # scratch directories, named for their pids) may stay.
     from hybrid.wasm.python.isolation import idle_workers
 
     workers = idle_workers()
+    pooled_dirs = tuple(f"hybrid-py-{pid}-" for pid in workers)
+    found = [
+        f"tmp {name}"
+        for name in sorted(_tree(tmp) - base.tmp)
+        if not (pooled_dirs and name.startswith(pooled_dirs))
+    ]
+    found += [f"io {name}" for name in sorted(_tree(io) - base.io)]
+    if tier == "wasm" and len(CHILDREN) > base.children:
+        found += [f"/dev/shm/{name}" for name in sorted(_shm() - base.shm)]
     pooled = {str(fd) for pair in workers.values() for fd in pair}
     fds = _fds()
     found += [
@@ -619,23 +625,31 @@ def containers_of(pid: int) -> dict[str, str]:
     return found
 
 
-def jobs_of(pid: int) -> dict[str, list[str]]:
-    """name -> commands running in each hybrid container process ``pid`` owns, besides PID 1.
+def jobs_of(pid: int) -> dict[str, str]:
+    """name -> "alive" for each running hybrid container process ``pid`` owns whose spinning job
+    (the shell that wrote its pid to .spin-pid) still runs, looked up inside the sandbox.
 
     A one-shot container's PID 1 is a bare ``sleep`` the engine ends by itself a setup allowance
     after the deadline; what must not outlive the deadline is the job, which the watchdog inside
-    the exec kills without any client."""
+    the exec kills without any client. (``docker top`` cannot tell: under gVisor it lists host
+    threads, not the sandbox's processes.)"""
     from hybrid.workstation.docker import client
 
     api = client().api
-    found: dict[str, list[str]] = {}
+    # A killed job may stay a zombie (PID 1 is a bare sleep that reaps nothing): that is gone.
+    probe = (
+        'p=$(cat .spin-pid 2>/dev/null) && test -d "/proc/$p" '
+        "&& ! grep -q '^State:[[:space:]]*Z' \"/proc/$p/status\" && echo alive || echo gone"
+    )
+    found: dict[str, str] = {}
     for name, state in containers_of(pid).items():
         if state != "running":
             continue
         with contextlib.suppress(Exception):  # it may end between the listing and here
-            rows = api.top(name, ps_args="-o pid,args").get("Processes") or []
-            found[name] = [row[-1] for row in rows[1:]]  # rows[0] is PID 1
-    return {name: jobs for name, jobs in found.items() if jobs}
+            exec_id = api.exec_create(name, ["sh", "-c", probe], user="1000:1000")["Id"]
+            if api.exec_start(exec_id).decode().strip() == "alive":
+                found[name] = "alive"
+    return found
 
 
 def wait_for(check: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
