@@ -167,7 +167,7 @@ def test_a_slow_endpoint_times_out_then_a_retry_succeeds(server: Server, key: st
         "m", base_url=server.url, api_key_env=key, timeout=0.5, max_retries=1, backoff=0.01
     )
     start = time.perf_counter()
-    with pytest.raises(ModelTimeout, match="did not answer within 0.5 s"):
+    with pytest.raises(ModelTimeout, match=r"did not answer within 0\.5 s"):
         model.complete([Message(role="user", content="hi")])
     assert time.perf_counter() - start < 3
 
@@ -199,7 +199,7 @@ def test_replay_plays_recorded_completions_in_order(tmp_path: Path) -> None:
     with pytest.raises(ModelExhausted):
         model.complete([Message(role="user", content="q")])
     path.write_text("not json\n")
-    with pytest.raises(InvalidInput, match="run.jsonl:1"):
+    with pytest.raises(InvalidInput, match=r"run\.jsonl:1"):
         ReplayModel(path)
 
 
