@@ -292,6 +292,7 @@ __all__ = [
     "Completion",
     "Message",
     "Model",
+    "ModelConfig",
     "OpenAIModel",
     "Prices",
     "ReplayModel",
@@ -301,3 +302,42 @@ __all__ = [
     "prompt_tokens",
     "record",
 ]
+
+
+class ModelConfig(BaseModel):
+    """An OpenAI-compatible endpoint as a user writes it down (TOML ``[model]`` table)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="The model name the endpoint knows.")
+    base_url: str = "https://api.openai.com/v1"
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="Variable holding the key.")
+    timeout: float = Field(60.0, gt=0)
+    max_retries: int = Field(3, ge=0)
+    prices: Prices = Field(default_factory=Prices)
+    temperature: float | None = None
+
+    @classmethod
+    def from_toml(cls, path: Path) -> ModelConfig:
+        import tomllib
+
+        try:
+            data = tomllib.loads(read_input(path, "model config").decode("utf-8"))
+            return cls.model_validate(data.get("model", data))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"{path}: not TOML ({exc})") from None
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(p) for p in error["loc"])
+            raise InvalidInput(f"{path}: {where}: {error['msg']}") from None
+
+    def build(self) -> OpenAIModel:
+        return OpenAIModel(
+            self.name,
+            base_url=self.base_url,
+            api_key_env=self.api_key_env,
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+            prices=self.prices,
+            temperature=self.temperature,
+        )
