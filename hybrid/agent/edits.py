@@ -15,7 +15,7 @@ from hybrid.errors import InvalidInput
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
 _BLOCK = re.compile(
     r"(?:^|\n)([^\n`]*?)\s*\n(?:```[^\n]*\n)?<{5,9} SEARCH[^\n]*\n(.*?)(?:^|\n)={5,9}[^\n]*\n(.*?)(?:^|\n)>{5,9} REPLACE[^\n]*",
-    re.S,
+    re.S | re.M,
 )
 
 
@@ -73,7 +73,10 @@ def _edits_to_diff(text: str, repo: Path) -> str:
         )
     root = repo.resolve()
     current: dict[str, str | None] = {}
-    for name, search, replace in blocks:
+    for name, search_lines, replace_lines in blocks:
+        # The groups stop before the newline that ends their last line.
+        search = search_lines + "\n" if search_lines else ""
+        replace = replace_lines + "\n" if replace_lines else ""
         path = _safe_path(name)
         if path not in current:
             target = (root / path).resolve()
