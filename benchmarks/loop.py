@@ -41,7 +41,7 @@ HUMANIZE = ROOT / "tests" / "agent" / "data" / "humanize-823ad60"
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def fenced(code: str) -> str:
