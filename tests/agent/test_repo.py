@@ -209,3 +209,17 @@ def test_ctrl_c_during_a_candidates_tests_leaves_no_sandbox(repo: Path, tmp_path
     assert _owned_by(child.pid) == []
     saved = json.loads((tmp_path / "b" / "run.json").read_text())
     assert saved["stop"] == "interrupted"
+
+
+def test_gate_cli_json_and_exit_codes(repo: Path, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.diff"
+    wrong.write_text(FIX.replace("if exp < len(suffix) and", "if False and"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    for patch, code, disposition in ((DATA / "fix.diff", 0, READY), (wrong, 1, "blocked")):
+        result = subprocess.run(
+            [sys.executable, "-m", "hybrid", "gate", str(patch), "--repo", str(repo),
+             "--test", TEST, "--json", "-q"],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == code, result.stderr
+        assert json.loads(result.stdout)["disposition"] == disposition
