@@ -332,7 +332,7 @@ def _function_steps(
     def execute(candidates: list[Candidate], step: int) -> int | None:
         for candidate in candidates:
             candidate.code = extract_code(candidate.answer)
-        arguments = [
+        arguments: list[dict[str, Any]] = [
             {
                 "source": c.code,
                 "tests": task.tests,

@@ -106,6 +106,19 @@ def _model(
     return config.model_copy(update=update).build()
 
 
+def _model_from(o: dict[str, Any]) -> Any:
+    return _model(
+        o["model_name"],
+        o["base_url"],
+        o["api_key_env"],
+        o["model_config"],
+        o["price_in"],
+        o["price_out"],
+        o["replay"],
+        o["answers"],
+    )
+
+
 budget_opts = [
     click.option("--steps", type=int, help="Model rounds (default 5)."),
     click.option("--tokens", type=int, help="Token budget, input + output."),
@@ -202,8 +215,7 @@ def solve_cmd(**o: Any) -> None:
         cost_usd=o["cost_usd"],
         sandbox_seconds=o["sandbox_seconds"],
     )
-    model = _model(*(o[n] for n in ("model_name", "base_url", "api_key_env", "model_config")),
-                   o["price_in"], o["price_out"], o["replay"], o["answers"])  # fmt: skip
+    model = _model_from(o)
     stamp = time.strftime("%Y%m%d-%H%M%S-") + f"{time.time_ns() % 10**6:06d}"
     bundle = o["bundle"] or state_dir("runs") / stamp
     report = solve(
@@ -313,8 +325,7 @@ def eval_cmd(**o: Any) -> None:
         def model_for(problem: Any) -> Any:
             return builtin_model(kind, problem)
     else:
-        model = _model(*(o[n] for n in ("model_name", "base_url", "api_key_env", "model_config")),
-                       o["price_in"], o["price_out"], o["replay"], o["answers"])  # fmt: skip
+        model = _model_from(o)
 
         def model_for(problem: Any) -> Any:
             return model
