@@ -389,7 +389,45 @@ def _function_gate(code: str, result: ExecutionResult | None) -> GateReport:
     return GateReport(disposition=BLOCKED if reasons else READY, reasons=reasons, checks=checks)
 
 
-def _repo_steps(task: RepoTask, base: Any, say: Progress) -> Callable[..., int | None]:
+class _Forks:
+    """Forks of the base workstation made one step ahead, on a background thread.
+
+    A fork (snapshot + start) takes seconds; made while the model thinks and the previous
+    candidates' tests run, it leaves the step. ``close`` waits for a fork under way and removes
+    every fork it made, so nothing outlives the run (Ctrl-C included).
+    """
+
+    def __init__(self, base: Any, n: int) -> None:
+        self.base = base
+        self.n = n
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="hybrid-fork")
+        self._ahead: Future[list[Any]] | None = self._executor.submit(base.fork, n)
+
+    def take(self, count: int) -> list[Any]:
+        # _ahead is cleared only once its forks are in hand: a Ctrl-C while waiting leaves
+        # them to close().
+        forks = list(self._ahead.result()) if self._ahead is not None else []
+        self._ahead = None
+        for extra in forks[count:]:
+            with contextlib.suppress(Exception):
+                extra.close()
+        forks = forks[:count]
+        if len(forks) < count:
+            forks += self.base.fork(count - len(forks))
+        self._ahead = self._executor.submit(self.base.fork, self.n)
+        return forks
+
+    def close(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            with contextlib.suppress(Exception):
+                for ws in ahead.result():
+                    with contextlib.suppress(Exception):
+                        ws.close()
+        self._executor.shutdown(wait=True)
+
+
+def _repo_steps(task: RepoTask, forks_ahead: _Forks, say: Progress) -> Callable[..., int | None]:
     def execute(candidates: list[Candidate], step: int) -> int | None:
         runnable: list[Candidate] = []
         for candidate in candidates:
@@ -417,7 +455,7 @@ def _repo_steps(task: RepoTask, base: Any, say: Progress) -> Callable[..., int |
         if not runnable:
             return None
         say(f"step {step}: forking {len(runnable)} workstation(s)")
-        forks = base.fork(len(runnable))
+        forks = forks_ahead.take(len(runnable))
         try:
             for candidate, ws in zip(runnable, forks, strict=True):
                 start = time.perf_counter()
@@ -497,7 +535,9 @@ def solve(
 
                 run.say("workstation: copying the repository in")
                 base = stack.enter_context(backend().create(spec or WS_SPEC, repo=task.repo))
-                _loop(run, report, messages, _repo_steps(task, base, run.say))
+                forks = _Forks(base, k)
+                stack.callback(forks.close)
+                _loop(run, report, messages, _repo_steps(task, forks, run.say))
                 if report.solved and report.solution is not None:
                     run.say("gate: fresh workstation, task tests and regressions")
                     from hybrid.agent.gate import gate
