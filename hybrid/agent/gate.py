@@ -123,8 +123,10 @@ def static_checks(
 def run_in(ws: Any, patch: str, commands: Sequence[tuple[str, str]]) -> list[GateCheck]:
     """Apply ``patch`` in workstation ``ws`` and run each (name, shell command) there."""
     ws.put(patch.encode(), PATCH_PATH)
-    applied = ws.exec(["git", "apply", "--whitespace=nowarn", PATCH_PATH])
-    ws.exec(["rm", "-f", PATCH_PATH])
+    # One exec applies and removes the patch file (each exec is a round trip to the engine).
+    applied = ws.exec(
+        ["sh", "-c", 'git apply --whitespace=nowarn "$0"; s=$?; rm -f "$0"; exit $s', PATCH_PATH]
+    )
     if not applied.ok:
         why = (applied.stderr or applied.stdout).strip().splitlines()
         detail = f"the patch does not apply: {why[0] if why else applied.termination.value}"
