@@ -207,3 +207,34 @@ def test_scripted_answers_honour_max_tokens() -> None:
     model = ScriptedModel(["x" * 400])
     answer = model.complete([Message(role="user", content="q")], max_tokens=10)
     assert answer.usage.output_tokens <= 10 and len(answer.text) == 40
+
+
+def test_the_cli_loop_over_real_http_keeps_the_key_out_of_output_and_bundle(
+    server: Server, key: str, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    shipping = Path(__file__).parents[1] / "python_wasm" / "shipping"
+    for attempt in ("attempt1.py", "attempt2.py"):
+        # The first candidate prints its whole environment: the key is not in it.
+        code = "import os\nprint(dict(os.environ))\n" + (shipping / attempt).read_text()
+        server.replies.append(ok(f"```python\n{code}```"))
+    result = subprocess.run(
+        [sys.executable, "-m", "hybrid", "solve", "--function", "--task", "write calculate_shipping",
+         "--tests", "tests.py", "--file", "rate_card.csv", "--model", "local-model",
+         "--base-url", server.url, "--api-key-env", key, "--price-in", "1000",
+         "--bundle", str(tmp_path / "b"), "--json"],
+        capture_output=True, text=True, cwd=shipping, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["stop"] == "solved" and report["meter"]["usage"]["input_tokens"] == 22
+    assert report["meter"]["cost_usd"] == pytest.approx(22 * 1000 / 1e6)
+    assert len(server.requests) == 2
+    everything = result.stdout + result.stderr
+    everything += "".join(p.read_text() for p in (tmp_path / "b").iterdir())
+    assert KEY not in everything
+    assert "{" in report["attempts"][0]["candidates"][0]["evidence"]  # the print did arrive
