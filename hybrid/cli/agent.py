@@ -313,24 +313,39 @@ def gate_cmd(
 @click.option("--quiet", "-q", is_flag=True, help="No live progress.")
 @json_option
 def eval_cmd(**o: Any) -> None:
-    """Run HumanEval-format PROBLEMS (JSONL) through the loop; unbiased pass@k."""
-    from hybrid.agent.evaluation import builtin_model, evaluate, load_problems
+    """Run PROBLEMS (JSONL) through the loop; unbiased pass@k.
+
+    HumanEval-format lines are function tasks (python-wasm); lines with FAIL_TO_PASS are
+    repository instances from real fix commits (workstations; solved = the gate says ready).
+    """
+    from hybrid.agent.evaluation import (
+        builtin_model,
+        builtin_repo_model,
+        evaluate,
+        evaluate_repo,
+        load_instances,
+        load_problems,
+    )
     from hybrid.agent.limits import LoopBudget
 
-    problems = load_problems(o["problems"])
+    # Lines naming FAIL_TO_PASS are repository instances; the rest HumanEval problems.
+    head = read_input(o["problems"], "problem file")[:65536]
+    repository = b'"FAIL_TO_PASS"' in head
+    problems: Any = (load_instances if repository else load_problems)(o["problems"])
     budget = _validated(LoopBudget, steps=o["steps"])
     if o["builtin"]:
         kind = o["builtin"]
+        reference = builtin_repo_model if repository else builtin_model
 
         def model_for(problem: Any) -> Any:
-            return builtin_model(kind, problem)
+            return reference(kind, problem)
     else:
         model = _model_from(o)
 
         def model_for(problem: Any) -> Any:
             return model
 
-    result = evaluate(
+    result = (evaluate_repo if repository else evaluate)(
         problems,
         model_for,
         samples=o["samples"],

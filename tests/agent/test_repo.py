@@ -223,3 +223,27 @@ def test_gate_cli_json_and_exit_codes(repo: Path, tmp_path: Path) -> None:
         )  # fmt: skip
         assert result.returncode == code, result.stderr
         assert json.loads(result.stdout)["disposition"] == disposition
+
+
+INSTANCES = Path(__file__).parent / "data" / "repo-instances.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("kind", "rate", "steps"),
+    [("oracle", 1.0, {1: 1}), ("null", 0.0, {}), ("wrong-then-right", 1.0, {2: 1})],
+)
+def test_eval_on_a_real_fix_commit(engine, kind: str, rate: float, steps: dict) -> None:  # type: ignore[no-untyped-def]
+    from hybrid.agent.evaluation import builtin_repo_model, evaluate_repo, load_instances
+
+    result = evaluate_repo(load_instances(INSTANCES), lambda i: builtin_repo_model(kind, i))
+    assert result.pass_at == {1: rate} and result.solved_at_step == steps
+
+
+def test_eval_cli_detects_repository_instances(engine) -> None:  # type: ignore[no-untyped-def]
+    result = subprocess.run(
+        [sys.executable, "-m", "hybrid", "eval", str(INSTANCES), "--builtin", "oracle", "--json", "-q"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["pass_at"] == {"1": 1.0}
