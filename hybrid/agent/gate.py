@@ -11,6 +11,7 @@ pushes: the disposition is ``ready for human review`` or ``blocked`` with every 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -153,6 +154,7 @@ def gate(
     *,
     test: str,
     regression: str | None = None,
+    related: str | None = None,
     allow: Sequence[str] = (),
     deny: Sequence[str] = (),
     allow_lockfiles: bool = False,
@@ -161,7 +163,11 @@ def gate(
     image: str | None = None,
     progress: Progress | None = None,
 ) -> GateReport:
-    """Decide whether ``patch`` against ``repo`` is ready for human review; never merges."""
+    """Decide whether ``patch`` against ``repo`` is ready for human review; never merges.
+
+    ``related`` is a test runner command (e.g. ``python3 -m pytest -q``) run on the test files
+    the context graph relates to the touched files, as a second regression check.
+    """
     say = progress or (lambda message: None)
     repo = Path(repo)
     if not repo.is_dir():
@@ -183,10 +189,23 @@ def gate(
     from hybrid.workstation import backend
 
     commands = [("test", test)] + ([("regression", regression)] if regression else [])
+    tests: list[str] = []
+    if related:
+        tests = related_tests(repo, files)
+        if tests:
+            say(f"related tests: {', '.join(tests)}")
+            commands.append(
+                ("related tests", f"{related} {' '.join(shlex.quote(t) for t in tests)}")
+            )
+        else:
+            checks.append(GateCheck(name="related tests", passed=True, detail="none found"))
     say("workstation: copying the repository in")
     with backend().create(spec or DEFAULT_SPEC, image=image, repo=repo) as ws:
         say("applying the patch and running the tests")
         checks += run_in(ws, patch, commands)
+        for check in checks:
+            if check.name == "related tests" and check.result is not None:
+                check.detail += f" ({', '.join(tests)})"
         reviewed = ws.diff()
     reasons = [c.detail or f"{c.name} failed" for c in checks if not c.passed]
     return GateReport(
@@ -198,8 +217,35 @@ def gate(
     )
 
 
-def dependency_files(paths: Sequence[str]) -> list[str]:
-    return [p for p in paths if DEPENDENCY_FILES.search(PurePosixPath(p).as_posix())]
+def related_tests(repo: Path, files: Sequence[str]) -> list[str]:
+    """Test files the context graph ties to ``files``: they import one, or are named after one
+    (``test_<stem>``, ``<stem>_test``), and the touched test files themselves."""
+    from hybrid.context.graph import importers
+    from hybrid.context.repomap import load_graph
+    from hybrid.context.resolve import is_test_path
+
+    graph = load_graph(repo)
+    paths: list[str] = graph["paths"]
+    index = {p: i for i, p in enumerate(paths)}
+    reverse = importers(graph)
+    found: set[str] = {f for f in files if f in index and is_test_path(f)}
+    stems = {PurePosixPath(f).stem for f in files}
+    names = {n for s in stems for n in (f"test_{s}", f"{s}_test")}
+    for f in files:
+        if f in index:
+            found.update(paths[i] for i in reverse[index[f]] if graph["tests"][i])
+    found.update(
+        p for i, p in enumerate(paths) if graph["tests"][i] and PurePosixPath(p).stem in names
+    )
+    return sorted(found)
 
 
-__all__ = ["BLOCKED", "READY", "GateCheck", "GateReport", "gate", "static_checks"]
+__all__ = [
+    "BLOCKED",
+    "READY",
+    "GateCheck",
+    "GateReport",
+    "gate",
+    "related_tests",
+    "static_checks",
+]

@@ -60,6 +60,9 @@ class RepoTask(BaseModel):
     repo: Path
     test: str = Field(description="Shell command whose success means the task is done.")
     regression: str | None = Field(None, description="Command that must keep passing.")
+    related: str | None = Field(
+        None, description="Test runner for the tests related to the touched files (the gate)."
+    )
     allow: list[str] = Field(default_factory=list, description="Allowed path prefixes.")
     deny: list[str] = Field(default_factory=list, description="Extra denied globs.")
     allow_lockfiles: bool = False
@@ -547,6 +550,7 @@ def solve(
                         task.repo,
                         test=task.test,
                         regression=task.regression,
+                        related=task.related,
                         allow=task.allow,
                         deny=task.deny,
                         allow_lockfiles=task.allow_lockfiles,

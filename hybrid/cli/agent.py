@@ -153,6 +153,9 @@ budget_opts = [
 @click.option("--repo", type=click.Path(path_type=Path), help="Repository task: the checkout.")
 @click.option("--test", "test_cmd", help="Repository task: the test command.")
 @click.option("--regression", help="Repository task: a command that must keep passing.")
+@click.option(
+    "--related", metavar="RUNNER", help="Test runner for the tests related to the touched files."
+)
 @click.option("--allow", multiple=True, metavar="PREFIX", help="Allowed path prefix (repeatable).")
 @click.option("--deny", multiple=True, metavar="GLOB", help="Extra denied glob (repeatable).")
 @click.option("--allow-lockfiles", is_flag=True)
@@ -199,6 +202,7 @@ def solve_cmd(**o: Any) -> None:
             repo=o["repo"],
             test=o["test_cmd"],
             regression=o["regression"],
+            related=o["related"],
             allow=list(o["allow"]),
             deny=list(o["deny"]),
             allow_lockfiles=o["allow_lockfiles"],
@@ -251,6 +255,11 @@ def solve_cmd(**o: Any) -> None:
 @click.option("--repo", type=click.Path(path_type=Path), required=True, help="The checkout.")
 @click.option("--test", "test_cmd", required=True, help="Task test command (must pass).")
 @click.option("--regression", help="Regression command (must keep passing).")
+@click.option(
+    "--related",
+    metavar="RUNNER",
+    help="Test runner (e.g. 'python3 -m pytest -q') for the tests related to the touched files.",
+)
 @click.option("--allow", multiple=True, metavar="PREFIX", help="Allowed path prefix (repeatable).")
 @click.option("--deny", multiple=True, metavar="GLOB", help="Extra denied glob (repeatable).")
 @click.option("--allow-lockfiles", is_flag=True)
@@ -262,6 +271,7 @@ def gate_cmd(
     repo: Path,
     test_cmd: str,
     regression: str | None,
+    related: str | None,
     allow: tuple[str, ...],
     deny: tuple[str, ...],
     allow_lockfiles: bool,
@@ -281,6 +291,7 @@ def gate_cmd(
         repo,
         test=test_cmd,
         regression=regression,
+        related=related,
         allow=allow,
         deny=deny,
         allow_lockfiles=allow_lockfiles,

@@ -52,7 +52,8 @@ def repo(tmp_path: Path, engine) -> Path:  # type: ignore[no-untyped-def]
 
 
 def test_the_real_fix_is_ready_for_review(repo: Path) -> None:
-    report = gate(FIX, repo, test=TEST, regression=REGRESSION, spec=SPEC)
+    runner = "PYTHONPATH=src python3 -m pytest -q -p no:cacheprovider"
+    report = gate(FIX, repo, test=TEST, regression=REGRESSION, related=runner, spec=SPEC)
     assert report.disposition == READY, report.reasons
     assert report.files == ["src/humanize/filesize.py"]
     assert [c.name for c in report.checks] == [
@@ -62,7 +63,9 @@ def test_the_real_fix_is_ready_for_review(repo: Path) -> None:
         "apply",
         "test",
         "regression",
+        "related tests",
     ]
+    assert report.checks[-1].detail == "passed (tests/test_filesize.py)"
     assert "step up one suffix" in report.reviewed_diff  # computed on the host after apply
 
 
