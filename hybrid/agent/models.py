@@ -288,6 +288,22 @@ def record(completion: Completion, path: Path) -> None:
         out.write(completion.model_dump_json() + "\n")
 
 
+class RecordingModel:
+    """Wraps a model and appends each completion to a JSONL file (for ReplayModel later)."""
+
+    def __init__(self, inner: Model, path: Path) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.path = path
+        self._lock = threading.Lock()
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int | None = None) -> Completion:
+        answer = self.inner.complete(messages, max_tokens=max_tokens)
+        with self._lock:
+            record(answer, self.path)
+        return answer
+
+
 __all__ = [
     "Completion",
     "Message",
@@ -295,6 +311,7 @@ __all__ = [
     "ModelConfig",
     "OpenAIModel",
     "Prices",
+    "RecordingModel",
     "ReplayModel",
     "ScriptedModel",
     "Usage",

@@ -52,6 +52,11 @@ model_options = [
         "--replay", type=click.Path(path_type=Path), help="Play recorded completions (JSONL)."
     ),
     click.option(
+        "--record",
+        type=click.Path(path_type=Path),
+        help="Append every completion to this JSONL file (play it back with --replay).",
+    ),
+    click.option(
         "--answer",
         "answers",
         multiple=True,
@@ -107,6 +112,10 @@ def _model(
 
 
 def _model_from(o: dict[str, Any]) -> Any:
+    from hybrid.agent.models import RecordingModel
+
+    if o["record"] is not None:
+        return RecordingModel(_model_from({**o, "record": None}), o["record"])
     return _model(
         o["model_name"],
         o["base_url"],

@@ -225,7 +225,7 @@ def test_the_cli_loop_over_real_http_keeps_the_key_out_of_output_and_bundle(
         [sys.executable, "-m", "hybrid", "solve", "--function", "--task", "write calculate_shipping",
          "--tests", "tests.py", "--file", "rate_card.csv", "--model", "local-model",
          "--base-url", server.url, "--api-key-env", key, "--price-in", "1000",
-         "--bundle", str(tmp_path / "b"), "--json"],
+         "--bundle", str(tmp_path / "b"), "--record", str(tmp_path / "rec.jsonl"), "--json"],
         capture_output=True, text=True, cwd=shipping, timeout=300,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
     )  # fmt: skip
@@ -238,3 +238,8 @@ def test_the_cli_loop_over_real_http_keeps_the_key_out_of_output_and_bundle(
     everything += "".join(p.read_text() for p in (tmp_path / "b").iterdir())
     assert KEY not in everything
     assert "{" in report["attempts"][0]["candidates"][0]["evidence"]  # the print did arrive
+    # The recording plays back without the endpoint: same answers, same outcome.
+    replayed = ReplayModel(tmp_path / "rec.jsonl")
+    assert [replayed.complete([]).text for _ in range(2)] == [
+        c["answer"] for a in report["attempts"] for c in a["candidates"]
+    ]
