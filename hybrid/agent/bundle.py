@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hybrid.agent._display import display
 from hybrid.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def write_bundle(report: RunReport, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidInput(
-            f"{directory}: cannot create the bundle directory ({exc.strerror})"
+            f"{display(directory)}: cannot create the bundle directory ({exc.strerror})"
         ) from None
     for name, text in (
         ("run.json", report.model_dump_json(indent=2)),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hybrid.agent._display import display
 from hybrid.agent.limits import LoopBudget
 from hybrid.agent.loop import FunctionTask, Mode, RepoTask, solve
 from hybrid.agent.models import Model, ScriptedModel
@@ -73,10 +74,10 @@ def load_problems(path: Path) -> list[Problem]:
             problems.append(Problem.model_validate(json.loads(line)))
         except (ValueError, ValidationError):
             raise InvalidInput(
-                f"{path}:{number}: not a HumanEval problem (task_id, prompt, test, entry_point)"
+                f"{display(path)}:{number}: not a HumanEval problem (task_id, prompt, test, entry_point)"
             ) from None
     if not problems:
-        raise InvalidInput(f"{path}: no problems")
+        raise InvalidInput(f"{display(path)}: no problems")
     return problems
 
 
@@ -220,7 +221,7 @@ def load_instances(path: Path) -> list[RepoInstance]:
             instance = RepoInstance.model_validate(json.loads(line))
         except (ValueError, ValidationError):
             raise InvalidInput(
-                f"{path}:{number}: not a repository instance (instance_id, repo, "
+                f"{display(path)}:{number}: not a repository instance (instance_id, repo, "
                 "problem_statement, patch, test_command, FAIL_TO_PASS)"
             ) from None
         base = path.parent
@@ -229,10 +230,12 @@ def load_instances(path: Path) -> list[RepoInstance]:
             instance.patch = patch_file.read_text()
         instance.repo = base / instance.repo
         if not instance.repo.is_dir():
-            raise InvalidInput(f"{path}:{number}: {instance.repo} is not a directory")
+            raise InvalidInput(
+                f"{display(path)}:{number}: {display(instance.repo)} is not a directory"
+            )
         instances.append(instance)
     if not instances:
-        raise InvalidInput(f"{path}: no instances")
+        raise InvalidInput(f"{display(path)}: no instances")
     return instances
 
 

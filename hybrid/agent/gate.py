@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from hybrid.agent._display import display
 from hybrid.errors import InvalidDiff, InvalidInput
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import ExecutionResult
@@ -171,7 +172,7 @@ def gate(
     say = progress or (lambda message: None)
     repo = Path(repo)
     if not repo.is_dir():
-        raise InvalidInput(f"{repo}: not a directory (--repo names the repository)")
+        raise InvalidInput(f"{display(repo)}: not a directory (--repo names the repository)")
     if not test.strip():
         raise InvalidInput("the gate needs a test command (--test)")
     say("static checks: scope, secrets, dependencies")

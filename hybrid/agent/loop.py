@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybrid.agent import evidence as ev
+from hybrid.agent._display import display
 from hybrid.agent.edits import MalformedAnswer, extract_code, to_diff
 from hybrid.agent.gate import BLOCKED, READY, GateCheck, GateReport, run_in, static_checks
 from hybrid.agent.limits import (
@@ -506,6 +507,13 @@ def solve(
     if k < 1:
         raise InvalidInput(f"k must be at least 1, got {k}")
     budget = budget or LoopBudget()
+    if bundle is not None:
+        try:  # an unusable bundle directory is bad input before anything runs
+            Path(bundle).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidInput(
+                f"{display(bundle)}: cannot create the bundle directory ({exc.strerror})"
+            ) from None
     run = _Run(model, budget, mode, k, progress)
     if isinstance(task, FunctionTask):
         kind: Literal["function", "repository"] = "function"
@@ -573,7 +581,7 @@ def _repo_start(task: RepoTask, report: RunReport, say: Progress) -> list[Messag
     from hybrid.context import context_pack
 
     if not Path(task.repo).is_dir():
-        raise InvalidInput(f"{task.repo}: not a directory (the repository)")
+        raise InvalidInput(f"{display(task.repo)}: not a directory (the repository)")
     say("context: building the pack")
     pack = context_pack(task.repo, task.task, tokens=task.context_tokens)
     report.context = [

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hybrid.agent._display import display
 from hybrid.errors import InvalidInput, ModelError, ModelExhausted, ModelTimeout
 from hybrid.paths import read_input
 
@@ -277,7 +278,7 @@ class ReplayModel(ScriptedModel):
                 )
             except (ValueError, KeyError, TypeError, ValidationError):
                 raise InvalidInput(
-                    f"{path}:{number}: not a recorded completion (a JSON object with a text field)"
+                    f"{display(path)}:{number}: not a recorded completion (a JSON object with a text field)"
                 ) from None
         super().__init__(answers, name=name or f"replay:{path.name}")
 
@@ -296,6 +297,13 @@ class RecordingModel:
         self.name = inner.name
         self.path = path
         self._lock = threading.Lock()
+        try:  # a path that cannot be written is bad input now, not a crash mid-run
+            with path.open("a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise InvalidInput(
+                f"{display(path)}: cannot write the recording ({exc.strerror})"
+            ) from None
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int | None = None) -> Completion:
         answer = self.inner.complete(messages, max_tokens=max_tokens)
@@ -342,11 +350,11 @@ class ModelConfig(BaseModel):
             data = tomllib.loads(read_input(path, "model config").decode("utf-8"))
             return cls.model_validate(data.get("model", data))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"{path}: not TOML ({exc})") from None
+            raise InvalidInput(f"{display(path)}: not TOML ({exc})") from None
         except ValidationError as exc:
             error = exc.errors()[0]
             where = ".".join(str(p) for p in error["loc"])
-            raise InvalidInput(f"{path}: {where}: {error['msg']}") from None
+            raise InvalidInput(f"{display(path)}: {where}: {error['msg']}") from None
 
     def build(self) -> OpenAIModel:
         return OpenAIModel(

@@ -10,6 +10,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from hybrid.agent._display import display
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
 from hybrid.paths import read_input, state_dir
@@ -204,7 +205,7 @@ def solve_cmd(**o: Any) -> None:
         if o["repo"] is None or not o["test_cmd"]:
             raise InvalidInput("a repository task needs --repo DIR and --test CMD (or --function)")
         if not o["repo"].is_dir():
-            raise InvalidInput(f"{o['repo']}: not a directory")
+            raise InvalidInput(f"{display(o['repo'])}: not a directory")
         task = _validated(
             RepoTask,
             task=o["task_text"],
@@ -293,8 +294,10 @@ def gate_cmd(
     Never merges or pushes. Exit 0 ready, 1 blocked (every reason listed).
     """
     from hybrid.agent.gate import gate
+    from hybrid.checks import scope
 
     text = sys.stdin.read() if str(patch) == "-" else _text(patch, "patch")
+    scope(text)  # a patch that does not parse is bad input (InvalidDiff), not a blocked gate
     report = gate(
         text,
         repo,
