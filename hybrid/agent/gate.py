@@ -106,7 +106,9 @@ def static_checks(
         GateCheck(
             name="secrets",
             passed=scan.ok and scan.redactions == 0,
-            detail=f"the diff adds secrets: {found}" if scan.redactions else scan.detail,
+            detail=f"the diff adds secrets: {found}"
+            if scan.redactions
+            else (scan.detail or "no secret added"),
         )
     )
     manifests = [p for p in files if DEPENDENCY_FILES.search(p)]
@@ -115,7 +117,9 @@ def static_checks(
             name="dependencies",
             passed=allow_dependencies or not manifests,
             detail=(
-                f"dependency change needs admission: {', '.join(manifests)}" if manifests else ""
+                f"dependency change needs admission: {', '.join(manifests)}"
+                if manifests
+                else "no dependency manifest changed"
             ),
         )
     )
@@ -133,7 +137,7 @@ def run_in(ws: Any, patch: str, commands: Sequence[tuple[str, str]]) -> list[Gat
         why = (applied.stderr or applied.stdout).strip().splitlines()
         detail = f"the patch does not apply: {why[0] if why else applied.termination.value}"
         return [GateCheck(name="apply", passed=False, detail=detail, result=applied)]
-    checks = [GateCheck(name="apply", passed=True)]
+    checks = [GateCheck(name="apply", passed=True, detail="git apply: clean")]
     for name, command in commands:
         result = ws.exec(["sh", "-c", command])
         detail = "passed" if result.ok else _failure(command, result)
