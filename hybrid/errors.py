@@ -17,7 +17,10 @@ Every error a user can act on is a ``HybridError`` and carries the CLI exit code
     ├── EngineUnavailable (5)          a tier's engine (Docker, gVisor, a toolchain) is missing here
     ├── WorkstationError (6)           a workstation operation failed
     │   └── WorkstationNotFound        also a LookupError
-    └── ContextError (7)               repo map / context pack could not be built
+    ├── ContextError (7)               repo map / context pack could not be built
+    └── ModelError (8)                 a model endpoint failed (after its retries)
+        ├── ModelTimeout               also a TimeoutError
+        └── ModelExhausted             a replayed or scripted model has no answer left
 
 Foreign errors (wasmtime traps, docker.errors.*) are translated at the tier boundary,
 never in callers.
@@ -118,6 +121,20 @@ class ContextError(HybridError):
     exit_code = 7
 
 
+class ModelError(HybridError):
+    """A model endpoint failed after its retries; the message never carries the API key."""
+
+    exit_code = 8
+
+
+class ModelTimeout(ModelError, TimeoutError):
+    """A model call took longer than its timeout (after its retries)."""
+
+
+class ModelExhausted(ModelError):
+    """A replayed or scripted model has no recorded answer left."""
+
+
 __all__ = [
     "ContextError",
     "DiskLimit",
@@ -128,6 +145,9 @@ __all__ = [
     "InvalidDiff",
     "InvalidInput",
     "InvalidPattern",
+    "ModelError",
+    "ModelExhausted",
+    "ModelTimeout",
     "ModuleError",
     "OutOfFuel",
     "OutOfMemory",

@@ -64,6 +64,21 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "context",
         "Task context packs; `context eval` scores ranking on git history.",
     ),
+    "solve": (
+        "hybrid.cli.agent",
+        "solve_cmd",
+        "The generate-execute-debug loop on a repository or (--function) a function task.",
+    ),
+    "gate": (
+        "hybrid.cli.agent",
+        "gate_cmd",
+        "Review gate for a patch: tests, regressions, scope, secrets, dependencies.",
+    ),
+    "eval": (
+        "hybrid.cli.agent",
+        "eval_cmd",
+        "HumanEval-format problems through the loop; unbiased pass@k.",
+    ),
 }
 
 

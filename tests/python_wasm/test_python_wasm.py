@@ -72,6 +72,36 @@ def test_shipping_corrected_attempt_passes_both_tests() -> None:
 # --- tests and evidence -----------------------------------------------------------------------
 
 
+def test_an_assert_inside_a_test_function_shows_both_sides() -> None:
+    # A plain assert in a function loses its values ("AssertionError: msg"); the model fixing
+    # the code needs what was compared.
+    tests = "\n".join(
+        [
+            "def test_values():",
+            "    expected = 5",
+            "    for x in [2]:",
+            '        assert double(x) == expected, "doubling"',
+            "def test_membership():",
+            "    assert double(1) in [3, 4]",
+            "def test_nested_helper_keeps_its_assert():",
+            "    def check(v):",
+            "        assert v == 2",
+            "    check(double(1))",
+            "def test_truthiness():",
+            "    assert double(0)",
+        ]
+    )
+    result = run_python("def double(x):\n    return x * 2\n", tests)
+    outcomes = {t.name: t for t in result.tests}
+    assert outcomes["test_values"].message == "AssertionError: doubling\nassert 4 == 5"
+    assert outcomes["test_membership"].message == "AssertionError: assert 2 in [3, 4]"
+    assert outcomes["test_nested_helper_keeps_its_assert"].passed
+    assert outcomes["test_truthiness"].message == "AssertionError"
+    assert result.traceback is not None
+    assert 'File "tests.py", line 4, in test_values' in result.traceback
+    assert "app.py" not in result.traceback
+
+
 def test_assert_lines_and_test_functions_each_get_an_outcome() -> None:
     tests = "\n".join(
         [

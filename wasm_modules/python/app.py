@@ -378,6 +378,34 @@ def _hook_call(method, args, where):
     return _loc(ast.Expr(value=call), where)
 
 
+class _ExpectAsserts(ast.NodeTransformer):
+    """Inside a test function, ``assert a OP b[, msg]`` becomes ``expect(OP, a, b, msg)``: the
+    failure then shows both values (a plain assert keeps only its message). Both sides are
+    evaluated once, left to right, as the comparison itself would; the message only on failure.
+    Nested functions, lambdas and classes keep their asserts (they may run after the tests)."""
+
+    def visit_body(self, func):
+        func.body = [self.visit(stmt) for stmt in func.body]
+        return func
+
+    def visit_FunctionDef(self, node):
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_ClassDef = visit_FunctionDef
+    visit_Lambda = visit_FunctionDef
+
+    def visit_Assert(self, node):
+        test = node.test
+        if not (
+            isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OP_INDEX
+        ):
+            return node
+        message = _thunk(node.msg) if node.msg is not None else _const(None, node)
+        args = [_const(_OP_INDEX[type(test.ops[0])], node), test.left, test.comparators[0], message]
+        return _hook_call("expect", args, node)
+
+
 class _Tests:
     """Runs a test file as ONE compiled module: each top-level assert becomes a recorded check,
     every other statement runs guarded (a failing setup line is recorded, the rest still run),
@@ -427,7 +455,7 @@ class _Tests:
                 body.append(self._assert(node))
                 self.items.append(self.names[-1])
             elif _is_test_function(node):
-                body.append(node)
+                body.append(_ExpectAsserts().visit_body(node))
                 functions.append(node.name)
                 self.items.append(node.name)
             else:
@@ -491,6 +519,15 @@ class _Tests:
             self.run.record(name, exc, (self.filename, self.lines[index]))
             return
         self.run.record(name, None)
+
+    def expect(self, op, a, b, message):
+        """An assert inside a test function: raise with both sides of the failed comparison."""
+        _, symbol, compare = _COMPARISONS[op]
+        if not compare(a, b):
+            text = f"assert {_short_repr(a)} {symbol} {_short_repr(b)}"
+            if message is not None:
+                text = f"{message()}\n{text}"
+            raise AssertionError(text)
 
     def setup_failed(self, lineno, exc):
         self.run.record(f"{self.filename}:{lineno}", exc)
