@@ -10,7 +10,7 @@ import builtins
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, NamedTuple, Protocol, Self, runtime_checkable
+from typing import NamedTuple, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -18,7 +18,8 @@ from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult
 from hybrid.workstation.egress import EgressEvent
 
-Runtime = Literal["runc", "runsc"]
+Runtime = str
+"""An OCI runtime of a container tier (hybrid.tiers.container: runc, runsc)."""
 # Called with ("stdout" | "stderr", chunk) as output arrives, up to the output budget.
 OutputCallback = Callable[[str, bytes], None]
 

@@ -54,6 +54,7 @@ from hybrid.errors import (
 from hybrid.owner import start_time as _start_time
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
+from hybrid.tiers.container import runtime_of, tier_of
 from hybrid.workstation import archive, disk, state
 from hybrid.workstation.base import (
     AttachCommand,
@@ -185,8 +186,8 @@ def owner_alive(owner: str) -> bool:
 
 
 def runtime_for(spec: SandboxSpec) -> Runtime:
-    """runsc for the gvisor tier, runc otherwise."""
-    return "runsc" if spec.tier == "gvisor" else "runc"
+    """The OCI runtime of the spec's container tier (runc for auto)."""
+    return runtime_of(spec.tier)
 
 
 def check_name(name: str) -> str:
@@ -213,7 +214,7 @@ class DockerWorkstation:
             state.load_env(state.path("workstations", self.id)) if self.spec.env.set else {}
         )
         self.runtime: str = labels.get(LABEL_RUNTIME, "runc")
-        self.tier: str = "gvisor" if self.runtime == "runsc" else "docker"
+        self.tier: str = tier_of(self.runtime)
         self.persistent: bool = labels.get(LABEL_PERSISTENT) == "1"
         self.volume: str = labels[LABEL_VOLUME]
         self.base_image: str = labels.get(LABEL_BASE, "")
@@ -860,7 +861,7 @@ class DockerBackend:
 
         spec = spec or SandboxSpec(tier="docker")
         runtime = runtime_for(spec)
-        tier = "gvisor" if runtime == "runsc" else "docker"
+        tier = tier_of(runtime)
         violations = admit(spec, tier)
         if violations:
             raise PolicyViolation(violations)
@@ -1440,7 +1441,7 @@ def _info(attrs: dict[str, Any]) -> WorkstationInfo:
     return WorkstationInfo(
         name=labels.get(LABEL_NAME, ""),
         id=attrs["Id"],
-        tier="gvisor" if runtime == "runsc" else "docker",
+        tier=tier_of(runtime),
         runtime=runtime,
         image=attrs["Config"]["Image"],
         status=attrs["State"]["Status"],
