@@ -25,7 +25,6 @@ import io
 import json
 import math
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -63,6 +62,7 @@ from hybrid.workstation.base import (
     Runtime,
     SnapshotInfo,
     WorkstationInfo,
+    check_name,
 )
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.egress import EgressEvent, parse_events
@@ -86,7 +86,6 @@ LABEL_DISK = "hybrid.disk"
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _POLL_SECONDS = 0.5
 # The watchdog inside an exec holds its deadline when no client is left to (a killed `hybrid run`):
 # `timeout` ends the command a grace after the supervisor would have, then `kill -1` ends every
@@ -188,15 +187,6 @@ def owner_alive(owner: str) -> bool:
 def runtime_for(spec: SandboxSpec) -> Runtime:
     """The OCI runtime of the spec's container tier (runc for auto)."""
     return runtime_of(spec.tier)
-
-
-def check_name(name: str) -> str:
-    """Validate a workstation or snapshot name."""
-    if not _NAME.match(name):
-        raise InvalidInput(
-            f"bad name {name!r}: use 1-63 of a-z 0-9 _ . - starting with a letter or digit"
-        )
-    return name
 
 
 class DockerWorkstation:
