@@ -17,15 +17,26 @@ import posixpath
 import re
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from hybrid import tiers
 from hybrid.errors import PolicyError, PolicyViolation
 from hybrid.paths import cache_root, display, read_input, state_root
+from hybrid.tiers.base import TierLimits as TierLimits  # re-exported
+from hybrid.tiers.wasm import WASM_DISK_MAX as WASM_DISK_MAX  # re-exported
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +174,19 @@ class Environment(_Strict):
         return env
 
 
-Tier = Literal["auto", "wasm", "python-wasm", "docker", "gvisor"]
+def _known_tier(value: str) -> str:
+    # A registry lookup rather than a Literal, so a registered tier is valid without editing here.
+    known = ("auto", *tiers.names())
+    if value not in known:
+        expected = ", ".join(repr(t) for t in known[:-1]) + f" or {known[-1]!r}"
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": expected}
+        )
+    return value
+
+
+Tier = Annotated[str, AfterValidator(_known_tier)]
+"""``auto`` or the name of a registered tier (hybrid.tiers)."""
 
 
 class SandboxSpec(_Strict):
@@ -213,75 +236,25 @@ class SandboxSpec(_Strict):
         return tomli_w.dumps(data)
 
 
-@dataclass(frozen=True)
-class TierLimits:
-    """The largest budget a tier can honour on this host."""
-
-    wall_seconds: float
-    memory: int
-    fuel: int | None
-    pids: int | None
-    cpus: float
-    output_bytes: int
-    network: bool
-    disk: int
-
-
-def _host_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 4 * 1024**3
-
-
-@functools.cache
-def _host_disk() -> int:
-    # The workspace images are sparse files on the filesystem that holds the home directory
-    # (where the state directory is): a cap beyond its size could never be honoured.
-    try:
-        stat = os.statvfs(os.path.expanduser("~"))
-        return stat.f_frsize * stat.f_blocks
-    except OSError:
-        return 64 * 1024**3
-
-
-WASM_DISK_MAX = 1024**3
-"""The largest WASM scratch cap: the scratch is a RAM-backed tmpfs where mounting is possible."""
-
-
 def tier_limits(tier: str) -> TierLimits:
     """Maximum budgets for a tier on this host (wasm32 caps memory at 4 GiB)."""
-    cpus = float(os.cpu_count() or 1)
-    if tier in ("wasm", "python-wasm"):
-        return TierLimits(600, 4 * 1024**3, 10**13, None, 1.0, 64 * 1024**2, False, WASM_DISK_MAX)
-    if tier in ("docker", "gvisor"):
-        return TierLimits(
-            24 * 3600, _host_memory(), None, 32768, cpus, 64 * 1024**2, True, _host_disk()
-        )
-    raise PolicyError(f"unknown tier {tier!r} (use wasm, python-wasm, docker or gvisor)")
+    return tiers.get(tier).limits()
 
 
-TIERS = ("wasm", "python-wasm", "docker", "gvisor")
+def __getattr__(name: str) -> Any:
+    # TIERS reads the registry each time, so a tier registered later is seen here too.
+    if name == "TIERS":
+        return tiers.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-# The smallest budget each tier can start anything in: asking for less is a mistake, not a tighter
-# limit. Measured on this host type (Docker 20.10, runsc with ptrace): the engine refuses memory
-# under 6 MiB, runsc's sandbox is killed while starting under 16 MiB or 32 pids (its own threads
-# count against the limit). "*" applies to every tier.
-MINIMUMS: dict[str, dict[str, tuple[float, str]]] = {
-    "wall_seconds": {"*": (0.01, "nothing starts in less")},
-    "memory": {
-        "wasm": (64 * 1024, "one WebAssembly page"),
-        "python-wasm": (64 * 1024, "one WebAssembly page"),
-        "docker": (6 * 1024**2, "the engine refuses less"),
-        "gvisor": (16 * 1024**2, "runsc's sandbox does not start in less"),
-    },
-    "fuel": {},  # any fuel starts a run: a small budget ends it with a typed out_of_fuel
-    "pids": {
-        "docker": (2, "the workstation's init and one command"),
-        "gvisor": (32, "runsc's own threads count against the limit"),
-    },
-    "cpus": {"*": (0.01, "the engine's smallest share")},
-    "output_bytes": {"*": (256, "room for one error line")},
+
+# The smallest budget any tier can start anything in: asking for less is a mistake, not a
+# tighter limit. Each tier adds its own (``Tier.minimums``, e.g. the engine refuses memory under
+# 6 MiB).
+MINIMUMS: dict[str, tuple[float, str]] = {
+    "wall_seconds": (0.01, "nothing starts in less"),
+    "cpus": (0.01, "the engine's smallest share"),
+    "output_bytes": (256, "room for one error line"),
 }
 
 # Host paths that hold credentials or control of the host. Mounting one, or a directory that
@@ -529,8 +502,8 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
     """Every reason ``spec`` may not run (on ``tier``, default the spec's own); empty means admitted."""
     violations: list[str] = []
     tier = tier or spec.tier
-    tiers = TIERS if tier == "auto" else (tier,)
-    limits = [tier_limits(t) for t in tiers]
+    chosen = [tiers.get(t) for t in (tiers.names() if tier == "auto" else (tier,))]
+    limits = [t.limits() for t in chosen]
 
     if spec.network.mode == "egress":
         if not spec.network.allow:
@@ -541,11 +514,9 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
             violations.append(
                 f'network: the {tier} tier has no network; use mode = "none" or a container tier'
             )
-        if tier == "gvisor":
-            violations.append(
-                "network: gVisor here runs with --network=none (the host cannot give it a "
-                'network namespace); use the docker tier for egress, or mode = "none"'
-            )
+        refusal = tiers.get(tier).egress_refusal if tier != "auto" else None
+        if refusal:
+            violations.append(refusal)
     for i, pattern in enumerate(spec.network.allow):
         problem = _allow_problem(pattern)
         if problem:
@@ -613,7 +584,7 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
             violations.append(
                 f"budget.{name}: {show(value)} is above the {tier} tier's maximum of {show(max(applicable))}"
             )
-        floors = [MINIMUMS.get(name, {}).get(t) or MINIMUMS.get(name, {}).get("*") for t in tiers]
+        floors = [t.minimums.get(name) or MINIMUMS.get(name) for t in chosen]
         known = [f for f in floors if f is not None]
         if known:
             floor, why = min(known)

@@ -18,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from hybrid.tiers.container import container_tiers
+
 # A private cache per session, so tests neither read nor pollute the user's compiled-module cache.
 os.environ.setdefault("HYBRID_CACHE_DIR", tempfile.mkdtemp(prefix="hybrid-test-cache-"))
 os.environ.setdefault("HYBRID_STATE_DIR", tempfile.mkdtemp(prefix="hybrid-test-state-"))
 
 REQUIRE_ENGINE = os.environ.get("HYBRID_REQUIRE_ENGINE") == "1"
-RUNTIMES = {"runc": "docker", "runsc": "gvisor"}
+RUNTIMES = {t.runtime: t.name for t in container_tiers()}
 """Engine runtime -> the tier it serves."""
 
 RUSTC = "/usr/bin/rustc"  # Debian's rustc ships the wasm32-wasi std (libstd-rust-dev-wasm32)

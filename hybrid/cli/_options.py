@@ -13,6 +13,25 @@ from pydantic import ValidationError
 from hybrid.errors import InvalidInput
 from hybrid.policy import Budget, NetworkPolicy, SandboxSpec, allow_secret_paths
 
+
+class TierChoice(click.Choice[str]):
+    """A --tier choice read from the tier registry when used, so a registered tier is offered."""
+
+    def __init__(self, auto: bool = True) -> None:
+        self.auto = auto
+        super().__init__((), case_sensitive=True)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from hybrid import tiers
+
+        return ("auto", *tiers.names()) if self.auto else tiers.names()
+
+    @choices.setter
+    def choices(self, _: object) -> None:
+        pass  # the registry is the list
+
+
 _OPTIONS = {
     "timeout": click.option("--timeout", type=float, help="Wall-clock deadline in seconds."),
     "memory": click.option("--memory", help="Memory cap, e.g. 256M."),

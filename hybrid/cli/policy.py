@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from hybrid.cli._options import TierChoice
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
 from hybrid.paths import display
@@ -23,7 +24,7 @@ def policy() -> None:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option(
     "--tier",
-    type=click.Choice(["wasm", "python-wasm", "docker", "gvisor"]),
+    type=TierChoice(auto=False),
     help="Check against this tier's limits (default: the spec's own tier).",
 )
 @json_option
@@ -51,9 +52,7 @@ def _render(file: Path, violations: list[str]) -> None:
 
 @policy.command("init")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option(
-    "--tier", type=click.Choice(["auto", "wasm", "python-wasm", "docker", "gvisor"]), default="auto"
-)
+@click.option("--tier", type=TierChoice(), default="auto")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 @json_option
 def init(file: Path, tier: str, force: bool, as_json: bool) -> None:

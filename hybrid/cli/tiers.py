@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from hybrid.cli._options import budget_options, spec_from_options
+from hybrid.cli._options import TierChoice, budget_options, spec_from_options
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
 from hybrid.policy import SandboxSpec
@@ -43,7 +43,7 @@ def job_options(func: Any) -> Any:
         [
             click.option(
                 "--tier",
-                type=click.Choice(["auto", "wasm", "python-wasm", "docker", "gvisor"]),
+                type=TierChoice(),
                 default="auto",
                 show_default=True,
                 help="Tier to use; auto picks the cheapest that honours the job.",
@@ -109,14 +109,14 @@ def _job(command: tuple[str, ...], opts: dict[str, Any]) -> tuple[Any, Any]:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
     """Run a command (or --python snippet) on the cheapest tier that honours it."""
-    from hybrid import router
+    from hybrid import router, tiers
 
     job, tier = _job(command, opts)
     chosen = router.route(job, tier)
     picked: Any = chosen.tier
     if not as_json:
         click.echo(f"hybrid: running on {chosen.tier}", err=True)
-    streamed = not as_json and chosen.tier in ("docker", "gvisor")
+    streamed = not as_json and tiers.get(chosen.tier).streams
 
     def live(kind: str, chunk: bytes) -> None:
         stream = sys.stdout if kind == "stdout" else sys.stderr

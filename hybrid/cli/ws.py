@@ -6,16 +6,26 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.cli.tiers import container_spec, sandbox_options
 from hybrid.errors import InvalidInput
+from hybrid.workstation.base import (
+    Backend,
+    Snapshots,
+    Workstation,
+    snapshots_of,
+    snapshotting,
+)
+
+if TYPE_CHECKING:
+    from hybrid.policy import SandboxSpec
 
 
-def _backend() -> Any:
+def _backend() -> Backend:
     from hybrid.workstation import backend
 
     return backend()
@@ -70,15 +80,15 @@ def _status(as_json: bool, text: str) -> Any:
 
 
 def _up(
-    backend: Any,
+    backend: Backend,
     name: str | None,
     repo: Path | None,
     image: str | None,
     snapshot: str | None,
     gvisor: bool,
-    spec: Any,
+    spec: SandboxSpec,
     opts: dict[str, Any],
-) -> Any:
+) -> Workstation:
     if snapshot:
         if image or repo:
             raise InvalidInput(
@@ -90,7 +100,9 @@ def _up(
             or opts["allow"]
             or gvisor
         )
-        return backend.start(snapshot, spec=spec if given else None, name=name, persistent=True)
+        return snapshots_of(backend).start(
+            snapshot, spec=spec if given else None, name=name, persistent=True
+        )
     return backend.create(spec, image=image, repo=repo, name=name, persistent=True)
 
 
@@ -230,7 +242,7 @@ def diff(name: str, output: Path | None, as_json: bool) -> None:
 def snapshot(name: str, snapshot: str, as_json: bool) -> None:
     """Commit a workstation (files, installed packages) as SNAPSHOT; start from it with `ws up --from`."""
     with _status(as_json, f"committing {name} as {snapshot}"):
-        info = _backend().open(name).snapshot(snapshot)
+        info = snapshotting(_backend().open(name)).snapshot(snapshot)
     emit(info, as_json, lambda: click.echo(info.name))
 
 
@@ -241,7 +253,7 @@ def snapshot(name: str, snapshot: str, as_json: bool) -> None:
 def fork(name: str, count: int, as_json: bool) -> None:
     """Start COUNT copies of a workstation's current state, for parallel attempts."""
     with _status(as_json, f"forking {name} into {count}"):
-        forks = _backend().open(name).fork(count)
+        forks = snapshotting(_backend().open(name)).fork(count)
     infos = [f.info() for f in forks]
     emit(infos, as_json, lambda: click.echo("\n".join(i.name for i in infos)))
 
@@ -251,7 +263,8 @@ def fork(name: str, count: int, as_json: bool) -> None:
 def ls(as_json: bool) -> None:
     """Workstations and snapshots on this engine."""
     backend = _backend()
-    workstations, snapshots = backend.list(), backend.snapshots()
+    workstations = backend.list()
+    snapshots = backend.snapshots() if isinstance(backend, Snapshots) else []
 
     def render() -> None:
         from rich.console import Console
@@ -331,7 +344,7 @@ def down(names: tuple[str, ...], snapshots: tuple[str, ...], as_json: bool) -> N
     for name in names:
         backend.open(name).remove()
     for snap in snapshots:
-        backend.remove_snapshot(snap)
+        snapshots_of(backend).remove_snapshot(snap)
     summary = {"removed": list(names), "snapshots": list(snapshots)}
     emit(
         summary,

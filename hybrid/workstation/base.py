@@ -1,26 +1,42 @@
-"""The one Workstation protocol every backend (docker runc/runsc, later bwrap, microvm) implements.
+"""The workstation contract every backend (docker runc/runsc, local, later bwrap, microvm) implements.
 
 A workstation is a long-lived sandbox holding a copy of a repository in one writable
-workspace. The router and the CLI only ever hold these two protocols, never a backend class.
+workspace. The router and the CLI only ever hold these protocols, never a backend class:
+``Workstation`` and ``Backend`` are what every backend has; ``SnapshotWorkstation`` and
+``Snapshots`` are the optional snapshot capability (``snapshots_of``/``snapshotting`` check for
+it and raise a clear WorkstationError when a backend lacks it).
 """
 
 from __future__ import annotations
 
 import builtins
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, NamedTuple, Protocol, Self, runtime_checkable
+from typing import NamedTuple, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from hybrid.errors import InvalidInput, WorkstationError
 from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult
 from hybrid.workstation.egress import EgressEvent
 
-Runtime = Literal["runc", "runsc"]
+Runtime = str
+"""An OCI runtime of a container tier (hybrid.tiers.container: runc, runsc)."""
 # Called with ("stdout" | "stderr", chunk) as output arrives, up to the output budget.
 OutputCallback = Callable[[str, bytes], None]
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+def check_name(name: str) -> str:
+    """Validate a workstation or snapshot name."""
+    if not _NAME.match(name):
+        raise InvalidInput(
+            f"bad name {name!r}: use 1-63 of a-z 0-9 _ . - starting with a letter or digit"
+        )
+    return name
 
 
 class WorkstationInfo(BaseModel):
@@ -79,6 +95,7 @@ class Workstation(Protocol):
     """A running sandbox with a workspace; a context manager whose close() is idempotent."""
 
     name: str
+    id: str
     spec: SandboxSpec
     tier: str
 
@@ -104,14 +121,6 @@ class Workstation(Protocol):
 
     def diff(self) -> str:
         """Unified diff (git format, binary-safe) of every change since the repository went in."""
-        ...
-
-    def snapshot(self, name: str) -> SnapshotInfo:
-        """Commit the workstation (files and installed packages) under ``name``."""
-        ...
-
-    def fork(self, n: int) -> Sequence[Workstation]:
-        """``n`` new workstations starting from this one's current state."""
         ...
 
     def info(self) -> WorkstationInfo: ...
@@ -146,6 +155,20 @@ class Workstation(Protocol):
     ) -> None: ...
 
 
+@runtime_checkable
+class SnapshotWorkstation(Workstation, Protocol):
+    """A workstation whose backend has the ``Snapshots`` capability."""
+
+    def snapshot(self, name: str) -> SnapshotInfo:
+        """Commit the workstation (files and installed packages) under ``name``."""
+        ...
+
+    def fork(self, n: int) -> Sequence[Workstation]:
+        """``n`` new workstations starting from this one's current state."""
+        ...
+
+
+@runtime_checkable
 class Backend(Protocol):
     """Makes, finds and cleans up workstations of one kind."""
 
@@ -157,8 +180,13 @@ class Backend(Protocol):
         repo: Path | None = None,
         name: str | None = None,
         persistent: bool = False,
+        lifetime: float | None = None,
     ) -> Workstation:
-        """A new workstation from ``image`` (or a snapshot's image) with ``repo`` copied in."""
+        """A new workstation from ``image`` with ``repo`` copied in.
+
+        ``lifetime`` (seconds, for one-shot sandboxes): the backend ends it by then, client or
+        no client.
+        """
         ...
 
     def open(self, name: str) -> Workstation:
@@ -167,8 +195,51 @@ class Backend(Protocol):
 
     def list(self) -> list[WorkstationInfo]: ...
 
-    def snapshots(self) -> builtins.list[SnapshotInfo]: ...
+    def reap(self) -> GcReport:
+        """Remove what clients that died left behind (cheap; run once per process)."""
+        ...
 
     def gc(self, everything: bool = False) -> GcReport:
         """Remove what crashed clients left behind (``everything``: all this toolkit made)."""
         ...
+
+
+@runtime_checkable
+class Snapshots(Protocol):
+    """The optional snapshot capability of a backend: its workstations are SnapshotWorkstations."""
+
+    def start(
+        self,
+        snapshot: str,
+        *,
+        spec: SandboxSpec | None = None,
+        name: str | None = None,
+        persistent: bool = False,
+    ) -> Workstation:
+        """A new workstation starting from snapshot ``snapshot`` (its files and packages)."""
+        ...
+
+    def snapshots(self) -> builtins.list[SnapshotInfo]: ...
+
+    def remove_snapshot(self, name: str) -> None: ...
+
+
+def snapshots_of(backend: Backend) -> Snapshots:
+    """``backend``'s snapshot capability; WorkstationError if it has none."""
+    if not isinstance(backend, Snapshots):
+        raise WorkstationError(f"the {_kind(backend)} backend has no snapshots")
+    return backend
+
+
+def snapshotting(workstation: Workstation) -> SnapshotWorkstation:
+    """``workstation`` as one that snapshots and forks; WorkstationError if its backend cannot."""
+    if not isinstance(workstation, SnapshotWorkstation):
+        raise WorkstationError(
+            f"workstation {workstation.name} ({workstation.tier}) cannot snapshot or fork: "
+            "its backend has no snapshots"
+        )
+    return workstation
+
+
+def _kind(backend: object) -> str:
+    return type(backend).__name__.removesuffix("Backend").lower() or "this"

@@ -25,7 +25,6 @@ import io
 import json
 import math
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -54,6 +53,7 @@ from hybrid.errors import (
 from hybrid.owner import start_time as _start_time
 from hybrid.policy import SandboxSpec, admit, check_input_path
 from hybrid.results import ExecutionResult, Termination, Usage
+from hybrid.tiers.container import runtime_of, tier_of
 from hybrid.workstation import archive, disk, state
 from hybrid.workstation.base import (
     AttachCommand,
@@ -62,6 +62,7 @@ from hybrid.workstation.base import (
     Runtime,
     SnapshotInfo,
     WorkstationInfo,
+    check_name,
 )
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.egress import EgressEvent, parse_events
@@ -85,7 +86,6 @@ LABEL_DISK = "hybrid.disk"
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _POLL_SECONDS = 0.5
 # The watchdog inside an exec holds its deadline when no client is left to (a killed `hybrid run`):
 # `timeout` ends the command a grace after the supervisor would have, then `kill -1` ends every
@@ -185,17 +185,8 @@ def owner_alive(owner: str) -> bool:
 
 
 def runtime_for(spec: SandboxSpec) -> Runtime:
-    """runsc for the gvisor tier, runc otherwise."""
-    return "runsc" if spec.tier == "gvisor" else "runc"
-
-
-def check_name(name: str) -> str:
-    """Validate a workstation or snapshot name."""
-    if not _NAME.match(name):
-        raise InvalidInput(
-            f"bad name {name!r}: use 1-63 of a-z 0-9 _ . - starting with a letter or digit"
-        )
-    return name
+    """The OCI runtime of the spec's container tier (runc for auto)."""
+    return runtime_of(spec.tier)
 
 
 class DockerWorkstation:
@@ -213,7 +204,7 @@ class DockerWorkstation:
             state.load_env(state.path("workstations", self.id)) if self.spec.env.set else {}
         )
         self.runtime: str = labels.get(LABEL_RUNTIME, "runc")
-        self.tier: str = "gvisor" if self.runtime == "runsc" else "docker"
+        self.tier: str = tier_of(self.runtime)
         self.persistent: bool = labels.get(LABEL_PERSISTENT) == "1"
         self.volume: str = labels[LABEL_VOLUME]
         self.base_image: str = labels.get(LABEL_BASE, "")
@@ -860,7 +851,7 @@ class DockerBackend:
 
         spec = spec or SandboxSpec(tier="docker")
         runtime = runtime_for(spec)
-        tier = "gvisor" if runtime == "runsc" else "docker"
+        tier = tier_of(runtime)
         violations = admit(spec, tier)
         if violations:
             raise PolicyViolation(violations)
@@ -1448,7 +1439,7 @@ def _info(attrs: dict[str, Any]) -> WorkstationInfo:
     return WorkstationInfo(
         name=labels.get(LABEL_NAME, ""),
         id=attrs["Id"],
-        tier="gvisor" if runtime == "runsc" else "docker",
+        tier=tier_of(runtime),
         runtime=runtime,
         image=attrs["Config"]["Image"],
         status=attrs["State"]["Status"],

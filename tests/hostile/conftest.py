@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from hostile_kit import (
     _ROWS,
     BASE_BUDGET,
+    CONTAINER_TIERS,
     GRACE,
     WORKSTATION_ALLOW,
     Driver,
@@ -151,7 +152,7 @@ def sandbox(  # type: ignore[no-untyped-def]
         )
         driver.ws  # made now, before the case's leftover baseline  # noqa: B018
     else:
-        if tier in ("docker", "gvisor"):
+        if tier in CONTAINER_TIERS:
             request.getfixturevalue("require_runtime")(tier)
         else:
             from hybrid.router import availability

@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybrid import policy
+from hybrid import tiers
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import ExecutionResult
+from hybrid.tiers.container import container_tiers
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINE_TIERS = ("docker", "gvisor", "workstation")
+CONTAINER_TIERS = tuple(t.name for t in container_tiers())
+"""The registered tiers that run on the Docker engine (docker, gvisor)."""
+ENGINE_TIERS = (*CONTAINER_TIERS, "workstation")
 WASM_SLACK = 3.0
 """Seconds past a deadline an in-process tier may take to report (a loaded 2-core machine)."""
 ENGINE_SLACK = 15.0
@@ -48,10 +51,10 @@ BASE_BUDGET: dict[str, Any] = {
 
 
 def hostile_tiers() -> list[str]:
-    """Every tier the suite attacks: the policy's tiers plus a long-lived workstation. A tier
-    added to ``hybrid.policy.TIERS`` is attacked without editing this suite (as a process tier,
-    through ``hybrid.router.run`` and ``hybrid run --tier``)."""
-    return [*dict.fromkeys([*policy.TIERS, "workstation"])]
+    """Every tier the suite attacks: the registered tiers plus a long-lived workstation. A tier
+    added to the registry (``hybrid.tiers``) is attacked without editing this suite (as a
+    process tier, through ``hybrid.router.run`` and ``hybrid run --tier``)."""
+    return [*dict.fromkeys([*tiers.names(), "workstation"])]
 
 
 # -- attacks and drivers ---------------------------------------------------------------------------

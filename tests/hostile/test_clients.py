@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from hostile_kit import (
+    CONTAINER_TIERS,
     Attack,
     Driver,
     Row,
@@ -68,7 +69,7 @@ def _started(sandbox: Driver, child: subprocess.Popen[bytes], ws: Any, tmp: Path
     """Whether the spinning job is running inside its sandbox yet."""
     if isinstance(sandbox, WorkstationDriver):
         return bool(ws.exec("cat .spin-pid 2>/dev/null; true").stdout.strip())
-    if sandbox.tier in ("docker", "gvisor"):
+    if sandbox.tier in CONTAINER_TIERS:
         return "running" in containers_of(child.pid).values()
     if sandbox.kind == "process":  # a tier this suite knows nothing of: give it time to start
         time.sleep(2)
@@ -117,7 +118,7 @@ def test_killed_client(sandbox: Driver, signal_name: str, row: Row, hostile_tmp:
             probe = 'test -d /proc/"$(cat .spin-pid)" && echo alive || echo gone'
             gone = wait_for(lambda: ws.exec(probe).stdout.strip() == "gone", remaining)
             assert gone, "the job outlived its deadline after the client died"
-        elif sandbox.tier in ("docker", "gvisor"):
+        elif sandbox.tier in CONTAINER_TIERS:
             stopped = wait_for(lambda: not jobs_of(child.pid), max(remaining, 1))
             assert stopped, f"the job outlived its deadline: {jobs_of(child.pid)}"
 

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from hybrid.policy import Budget, SandboxSpec
+from hybrid.tiers.container import container_tiers
 
-RUNTIMES = {"runc": "docker", "runsc": "gvisor"}
+RUNTIMES = {t.runtime: t.name for t in container_tiers()}
 
 
 @pytest.fixture(params=sorted(RUNTIMES), ids=lambda r: r)
