@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hybrid.agent._display import display
 from hybrid.errors import InvalidInput
+from hybrid.paths import display
 
 if TYPE_CHECKING:
     from hybrid.agent.loop import RunReport

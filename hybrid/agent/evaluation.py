@@ -16,12 +16,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hybrid.agent._display import display
 from hybrid.agent.limits import LoopBudget
 from hybrid.agent.loop import FunctionTask, Mode, RepoTask, solve
 from hybrid.agent.models import Model, ScriptedModel
 from hybrid.errors import InvalidInput
-from hybrid.paths import read_input
+from hybrid.paths import display, read_input
 
 BUILTIN_MODELS = ("oracle", "null", "wrong-then-right")
 

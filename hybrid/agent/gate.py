@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hybrid.agent._display import display
 from hybrid.errors import InvalidDiff, InvalidInput
+from hybrid.paths import display
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import ExecutionResult
 

@@ -20,7 +20,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybrid.agent import evidence as ev
-from hybrid.agent._display import display
 from hybrid.agent.edits import MalformedAnswer, extract_code, to_diff
 from hybrid.agent.gate import BLOCKED, READY, GateCheck, GateReport, run_in, static_checks
 from hybrid.agent.limits import (
@@ -34,6 +33,7 @@ from hybrid.agent.limits import (
 )
 from hybrid.agent.models import Completion, Message, Model, Usage, prompt_tokens
 from hybrid.errors import InvalidDiff, InvalidInput, ModelError, ModelExhausted
+from hybrid.paths import display
 from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult
 

@@ -23,9 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hybrid.agent._display import display
 from hybrid.errors import InvalidInput, ModelError, ModelExhausted, ModelTimeout
-from hybrid.paths import read_input
+from hybrid.paths import display, read_input
 
 
 class Message(BaseModel):

@@ -10,10 +10,9 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from hybrid.agent._display import display
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
-from hybrid.paths import read_input, state_dir
+from hybrid.paths import display, read_input, state_dir
 
 
 def _text(path: Path, what: str) -> str:

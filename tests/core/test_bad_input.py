@@ -55,6 +55,69 @@ FILE_SLOTS: dict[str, list[tuple[list[str], str]]] = {
     "ws diff": [([NAME, "--output", "{}"], "out")],
     "policy init": [(["{}"], "out")],
     "ws cp": [],  # NAME:PATH pairs: see ENGINE_CASES (the copy itself is another test's)
+    "solve": [
+        (["--function", "--task", "x", "--tests", "{}", "--answer", "{snippet}"], "file"),
+        (
+            [
+                "--function",
+                "--task",
+                "x",
+                "--tests",
+                "{snippet}",
+                "--file",
+                "{}",
+                "--answer",
+                "{snippet}",
+            ],
+            "file",
+        ),
+        (
+            ["--function", "--task-file", "{}", "--tests", "{snippet}", "--answer", "{snippet}"],
+            "file",
+        ),
+        (["--function", "--task", "x", "--tests", "{snippet}", "--answer", "{}"], "file"),
+        (["--function", "--task", "x", "--tests", "{snippet}", "--replay", "{}"], "file"),
+        (["--function", "--task", "x", "--tests", "{snippet}", "--model-config", "{}"], "file"),
+        (["--task", "x", "--repo", "{}", "--test", "true", "--answer", "{snippet}"], "dir"),
+        (
+            [
+                "--function",
+                "--task",
+                "x",
+                "--tests",
+                "{snippet}",
+                "--answer",
+                "{snippet}",
+                "--bundle",
+                "{}",
+            ],
+            "out",
+        ),
+        (
+            [
+                "--function",
+                "--task",
+                "x",
+                "--tests",
+                "{snippet}",
+                "--answer",
+                "{snippet}",
+                "--record",
+                "{}",
+            ],
+            "out",
+        ),
+    ],
+    "gate": [
+        (["{}", "--repo", "{dir}", "--test", "true"], "file"),
+        (["{diff}", "--repo", "{}", "--test", "true"], "dir"),
+    ],
+    "eval": [
+        (["{}", "--builtin", "oracle"], "file"),
+        (["{json}", "--replay", "{}"], "file"),
+        (["{json}", "--model-config", "{}"], "file"),
+        (["{json}", "--answer", "{}"], "file"),
+    ],
 }
 # Commands whose file content is parsed: bad content there is bad input, not data to report on.
 PARSED = {
@@ -65,6 +128,10 @@ PARSED = {
     ("py eval", 1): ["garbage"],
     ("wasm run", 0): ["garbage"],
     ("skeleton", 0): ["garbage"],
+    ("solve", 4): ["garbage"],
+    ("solve", 5): ["garbage", "bad_toml"],
+    ("gate", 0): ["garbage", "bad_diff"],
+    ("eval", 0): ["garbage", "bad_json"],
 }
 # Arguments that make a command with --policy parse, so the policy file is what fails.
 BASE_ARGS: dict[str, list[str]] = {
