@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +340,12 @@ def stop_children() -> None:
 # -- what a case may leave behind -------------------------------------------------------------------
 
 
+def _resource_tracker(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"multiprocessing.resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
+
+
 def _descendants(pid: int, skip: Collection[int] = ()) -> list[tuple[int, str]]:
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
@@ -410,6 +417,7 @@ class Baseline:
     children: int
     fds: dict[str, str]
     threads: set[int]
+    processes: set[int]
 
 
 def baseline(tmp: Path, io: Path) -> Baseline:
@@ -421,6 +429,7 @@ def baseline(tmp: Path, io: Path) -> Baseline:
         children=len(CHILDREN),
         fds=_fds(),
         threads={t.ident for t in threading.enumerate() if t.ident is not None},
+        processes={pid for pid, _ in _descendants(os.getpid())},
     )
 
 
@@ -491,6 +500,11 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     if tier == "wasm" and len(CHILDREN) > base.children:
         found += [f"/dev/shm/{name}" for name in sorted(_shm() - base.shm)]
     pooled = {str(fd) for pair in workers.values() for fd in pair}
+    # multiprocessing's resource tracker: one helper process per interpreter, started on first
+    # use (a PythonPool) and kept until exit by design, like the workers above.
+    tracker = getattr(resource_tracker._resource_tracker, "_fd", None)
+    if tracker is not None:
+        pooled.add(str(tracker))
     fds = _fds()
     found += [
         f"fd {fd} -> {target}"
@@ -499,7 +513,9 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     ]
     found += _busy_threads(base.threads)
     found += [
-        f"child process {pid} {name}" for pid, name in _descendants(os.getpid(), skip=set(workers))
+        f"child process {pid} {name}"
+        for pid, name in _descendants(os.getpid(), skip=set(workers))
+        if pid not in base.processes and not _resource_tracker(pid)
     ]
     found += [
         f"cgroup {p}"
