@@ -47,8 +47,13 @@ def mark() -> str:
 
 
 def alive(pid: int, started: str) -> bool:
-    """Whether process ``pid`` that started at ``started`` still runs."""
-    return start_time(pid) == started
+    """Whether process ``pid`` that started at ``started`` still runs (a zombie does not: it
+    only waits for its parent to collect its status, and will never clean up)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return len(fields) > 19 and fields[0] != "Z" and fields[19] == started
 
 
 def make_dir(prefix: str, root: str | None = None) -> Path:

@@ -50,6 +50,7 @@ from hybrid.errors import (
     WorkstationError,
     WorkstationNotFound,
 )
+from hybrid.owner import alive as _alive_since
 from hybrid.owner import start_time as _start_time
 from hybrid.policy import SandboxSpec, admit, check_input_path
 from hybrid.results import ExecutionResult, Termination, Usage
@@ -181,7 +182,7 @@ def owner_alive(owner: str) -> bool:
         return False
     if host != socket.gethostname():
         return True
-    return _start_time(int(pid)) == started
+    return _alive_since(int(pid), started)  # a zombie owner is gone too
 
 
 def runtime_for(spec: SandboxSpec) -> Runtime:

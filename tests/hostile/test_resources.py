@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -160,19 +161,28 @@ def test_disk_fill(sandbox: Driver) -> None:
 
 
 def test_concurrency_20(sandbox: Driver, row: Row) -> None:
-    def job(i: int) -> ExecutionResult:
-        attack = Attack(
-            wasi=["print", f"job-{i}", "sleep", "1", "print", f"done-{i}"],
-            python=f"import time\nprint('job-{i}')\ntime.sleep(1)\nprint('done-{i}')\n",
-            shell=f"echo job-{i}; sleep 1; echo done-{i}",
-        )
-        wall = 60 if sandbox.kind == "process" else 20
-        return sandbox.run(attack, wall_seconds=wall)
+    with contextlib.ExitStack() as stack:
+        ws = None
+        if isinstance(sandbox, WorkstationDriver):
+            # 20 execs at once in one workstation share its pids budget: each is its job (sh +
+            # sleep) plus the exec's watchdog (sh + timeout), so 80 processes need more than 64.
+            ws = stack.enter_context(sandbox.fresh(pids=128))
 
-    with ThreadPoolExecutor(20) as pool:
-        results = list(pool.map(job, range(20)))
-    if isinstance(sandbox, WorkstationDriver):
-        assert sandbox.run(Attack(shell="echo still-up")).stdout == "still-up\n"
+        def job(i: int) -> ExecutionResult:
+            attack = Attack(
+                wasi=["print", f"job-{i}", "sleep", "1", "print", f"done-{i}"],
+                python=f"import time\nprint('job-{i}')\ntime.sleep(1)\nprint('done-{i}')\n",
+                shell=f"echo job-{i}; sleep 1; echo done-{i}",
+            )
+            wall = 60 if sandbox.kind == "process" else 20
+            if ws is not None:
+                return sandbox.run(attack, ws=ws, wall_seconds=wall)
+            return sandbox.run(attack, wall_seconds=wall)
+
+        with ThreadPoolExecutor(20) as pool:
+            results = list(pool.map(job, range(20)))
+        if ws is not None:
+            assert sandbox.run(Attack(shell="echo still-up"), ws=ws).stdout == "still-up\n"
     endings = sorted({r.termination.value for r in results})
     row.note(" ".join(f"{t} x{sum(r.termination.value == t for r in results)}" for t in endings))
     for i, result in enumerate(results):

@@ -31,11 +31,15 @@ VICTIM = textwrap.dedent(
 
 NEXT_RUN = textwrap.dedent(
     """
-    import time
+    import os, sys, time
     from hybrid.wasm.python import run_python
 
     assert run_python("print(1)").stdout == "1\\n"
-    time.sleep(1)  # the reaper runs on a background thread: let it finish before exit
+    # The reaper runs on a background thread of the worker: stay (and keep the worker) until
+    # the dead owners' directories are gone, or 30 s.
+    end = time.time() + 30
+    while time.time() < end and any(os.path.exists(p) for p in sys.argv[1:]):
+        time.sleep(0.1)
     """
 )
 
@@ -108,7 +112,9 @@ def test_a_killed_runners_directory_is_reaped_by_the_next_process(tmp_path: Path
     left = list(tmp_path.glob("hybrid-py-*"))
     assert left, "SIGKILL leaves the runner's directory (its pipes included)"
 
-    subprocess.run([sys.executable, "-c", NEXT_RUN], env=env, check=True, timeout=180)
+    subprocess.run(
+        [sys.executable, "-c", NEXT_RUN, *map(str, left)], env=env, check=True, timeout=180
+    )
     assert [p for p in left if p.exists()] == [], "the next process did not reap it"
 
 
