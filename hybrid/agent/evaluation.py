@@ -13,14 +13,17 @@ import json
 from collections.abc import Callable, Sequence
 from math import comb
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybrid.agent.limits import LoopBudget
-from hybrid.agent.loop import FunctionTask, Mode, RepoTask, solve
+from hybrid.agent.loop import FunctionTask, Mode, RepoTask, RunReport, solve
 from hybrid.agent.models import Model, ScriptedModel
 from hybrid.errors import InvalidInput
 from hybrid.paths import display, read_input
+
+Item = TypeVar("Item")
 
 BUILTIN_MODELS = ("oracle", "null", "wrong-then-right")
 
@@ -119,34 +122,53 @@ def evaluate(
     progress: Callable[[str], None] | None = None,
 ) -> EvalResult:
     """Run every problem ``samples`` times through the loop and score pass@k."""
+    spent = budget or LoopBudget(steps=3)
+
+    def sample(problem: Problem, model: Model) -> tuple[RunReport, bool, str]:
+        report = solve(task_for(problem), model, budget=spent, mode=mode)
+        return report, report.solved, report.stop.value
+
+    return _score(
+        [(p.task_id, p) for p in problems], model_for, sample, samples, ks, progress, "solved"
+    )
+
+
+def _score(
+    items: Sequence[tuple[str, Item]],
+    model_for: Callable[[Item], Model],
+    sample: Callable[[Item, Model], tuple[RunReport, bool, str]],
+    samples: int,
+    ks: Sequence[int],
+    progress: Callable[[str], None] | None,
+    verb: str,
+) -> EvalResult:
+    """Run each item ``samples`` times (``sample`` says whether it passed and how it stopped)
+    and score pass@k, tokens, cost and the step each pass came at."""
     say = progress or (lambda message: None)
-    budget = budget or LoopBudget(steps=3)
     for k in ks:
         if k < 1 or k > samples:
             raise InvalidInput(f"pass@{k} needs 1 <= k <= samples ({samples})")
     results: list[ProblemResult] = []
     tokens, cost, name = 0, 0.0, ""
     by_step: dict[int, int] = {}
-    for problem in problems:
+    for item_id, item in items:
         steps: list[int | None] = []
         stops: list[str] = []
         for _ in range(samples):
-            model = model_for(problem)
+            model = model_for(item)
             name = model.name
-            report = solve(task_for(problem), model, budget=budget, mode=mode)
+            report, passed, stop = sample(item, model)
             tokens += report.meter.usage.total
             cost += report.meter.cost_usd
-            step = len(report.attempts) if report.solved else None
+            step = len(report.attempts) if passed else None
             steps.append(step)
-            stops.append(report.stop.value)
+            stops.append(stop)
             if step is not None:
                 by_step[step] = by_step.get(step, 0) + 1
         solved = sum(s is not None for s in steps)
-        say(f"{problem.task_id}: {solved}/{samples} solved")
+        say(f"{item_id}: {solved}/{samples} {verb}")
         results.append(
-            ProblemResult(
-                task_id=problem.task_id, samples=samples, solved=solved, steps=steps, stops=stops
-            )
+            ProblemResult(task_id=item_id, samples=samples, solved=solved, steps=steps, stops=stops)
         )
     pass_at = {
         k: sum(pass_at_k(r.samples, r.solved, k) for r in results) / len(results) for k in ks
@@ -321,51 +343,21 @@ def evaluate_repo(
     """Repository instances through the loop; solved means the gate said ready for review."""
     import tempfile
 
-    say = progress or (lambda message: None)
-    budget = budget or LoopBudget(steps=3)
-    for k in ks:
-        if k < 1 or k > samples:
-            raise InvalidInput(f"pass@{k} needs 1 <= k <= samples ({samples})")
-    results: list[ProblemResult] = []
-    tokens, cost, name = 0, 0.0, ""
-    by_step: dict[int, int] = {}
-    for instance in instances:
-        steps: list[int | None] = []
-        stops: list[str] = []
-        for _ in range(samples):
-            model = model_for(instance)
-            name = model.name
-            with tempfile.TemporaryDirectory(prefix="hybrid-eval-") as tmp:
-                checkout = _checkout(instance.repo, Path(tmp))
-                report = solve(instance.task(checkout), model, budget=budget, mode=mode)
-            tokens += report.meter.usage.total
-            cost += report.meter.cost_usd
-            ready = report.solved and report.gate is not None and report.gate.ready
-            step = len(report.attempts) if ready else None
-            steps.append(step)
-            stops.append(report.stop.value if report.solved is ready else "gate_blocked")
-            if step is not None:
-                by_step[step] = by_step.get(step, 0) + 1
-        solved = sum(s is not None for s in steps)
-        say(f"{instance.instance_id}: {solved}/{samples} ready for review")
-        results.append(
-            ProblemResult(
-                task_id=instance.instance_id,
-                samples=samples,
-                solved=solved,
-                steps=steps,
-                stops=stops,
-            )
-        )
-    return EvalResult(
-        model=name,
-        problems=len(results),
-        samples=samples,
-        pass_at={
-            k: sum(pass_at_k(r.samples, r.solved, k) for r in results) / len(results) for k in ks
-        },
-        solved_at_step=dict(sorted(by_step.items())),
-        tokens=tokens,
-        cost_usd=cost,
-        results=results,
+    spent = budget or LoopBudget(steps=3)
+
+    def sample(instance: RepoInstance, model: Model) -> tuple[RunReport, bool, str]:
+        with tempfile.TemporaryDirectory(prefix="hybrid-eval-") as tmp:
+            checkout = _checkout(instance.repo, Path(tmp))
+            report = solve(instance.task(checkout), model, budget=spent, mode=mode)
+        ready = report.solved and report.gate is not None and report.gate.ready
+        return report, ready, report.stop.value if report.solved is ready else "gate_blocked"
+
+    return _score(
+        [(i.instance_id, i) for i in instances],
+        model_for,
+        sample,
+        samples,
+        ks,
+        progress,
+        "ready for review",
     )
