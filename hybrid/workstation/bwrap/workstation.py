@@ -15,8 +15,8 @@ import contextlib
 import json
 import os
 import secrets
-import shlex
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
@@ -28,7 +28,7 @@ from typing import Self
 from hybrid import owner
 from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, WorkstationNotFound
 from hybrid.paths import state_dir
-from hybrid.policy import SandboxSpec, admit, human_size
+from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.workstation import archive, disk, state
 from hybrid.workstation.base import (
@@ -236,20 +236,20 @@ class BwrapWorkstation:
             raise InvalidInput(f"{repo}: not a directory")
         recorder = self._baseline().recorder()
         with tempfile.TemporaryFile() as buffer:
-            with __import__("tarfile").open(fileobj=buffer, mode="w") as tar:
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
                 entries = archive.walk(Path(repo), archive.repo_selection(Path(repo)))
                 later = archive.pack(tar, entries, "", _OWNER, recorder)
+                for entry in later:  # relative symlinks that climb out: kept as they are
+                    info = tarfile.TarInfo(entry.path)
+                    info.type, info.linkname = tarfile.SYMTYPE, entry.target
+                    info.uid, info.gid = _OWNER
+                    tar.addfile(info)
             buffer.seek(0)
-            archive.extract(buffer, self.workspace_dir, f"copy {repo} in")
-        for entry in later:  # relative symlinks that climb out: made as they are
-            parent = workspace.open_dir(
-                self.workspace_dir, PurePosixPath(entry.path).parts[:-1], _OWNER
-            )
-            try:
-                os.symlink(entry.target, PurePosixPath(entry.path).name, dir_fd=parent)
-            finally:
-                os.close(parent)
-        _chown_tree(self.workspace_dir)
+            # Our own archive of the host's files into a fresh workspace no sandbox has run in:
+            # nothing there to write through, and every symlink is carried as it is (absolute
+            # ones included), owned by the sandbox user.
+            with tarfile.open(fileobj=buffer, mode="r:") as tar:
+                tar.extractall(self.workspace_dir, filter="fully_trusted", numeric_owner=True)
         recorder.commit()
 
     def diff(self) -> str:
@@ -457,10 +457,3 @@ def _orphaned(group_name: str) -> bool:
             if json.loads((home / "meta.json").read_text()).get("id") == ident:
                 return False
     return not cgroups.Group(group_name).pids()
-
-
-def _chown_tree(top: Path) -> None:
-    """Hand the copied-in tree to the sandbox user (never following a symlink)."""
-    for dirpath, dirnames, filenames in os.walk(top):
-        for entry in (*dirnames, *filenames):
-            os.chown(os.path.join(dirpath, entry), *_OWNER, follow_symlinks=False)
