@@ -2,7 +2,7 @@
 
 A process is named by its pid and its start time (a recycled pid has another start time).
 Host directories the wasm tiers make carry that mark in their names
-(``hybrid-run-<pid>-<start>-XXXX``); containers carry it in a label (workstation/docker.py).
+(``hybrid-run-<pid>-<start>-XXXX``); containers carry it in a label (workstation/docker/labels.py).
 ``reap_once`` removes the directories of owners that are gone, once per process, on a
 background thread, so no run pays for the scan.
 """

@@ -87,9 +87,3 @@ class ExecutionResult(BaseModel):
             Termination.DISK_LIMIT: DiskLimit,
         }.get(self.termination, ExecutionError)
         raise error(message, result=self)
-
-
-def bound_output(data: bytes, limit: int) -> tuple[str, bool]:
-    """Decode at most ``limit`` bytes of output; report whether anything was cut."""
-    truncated = len(data) > limit
-    return data[:limit].decode("utf-8", errors="replace"), truncated

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hybrid.context.cache import _VERSION, TagCache
 from hybrid.context.languages import language_for
@@ -83,11 +82,6 @@ class RepoIndex:
         if len(self._files_by_path) != len(self.files):
             self._files_by_path = {f.path: f for f in self.files}
         return self._files_by_path
-
-    def key_of(self, path: str) -> str:
-        """The cache key of one indexed file."""
-        f = self._by_path()[path]
-        return TagCache.key(f.content_id, f.lang)
 
     def tags(self, path: str) -> FileTags:
         """The tags of one file."""
@@ -343,8 +337,3 @@ def build_index(
                 index._payloads[same.path] = payload
         stats.parse_ms = (time.perf_counter() - t1) * 1000
     return index
-
-
-def load_payload_blob(data: bytes) -> Any:
-    """Decode one cached payload (for tools that read the cache directly)."""
-    return marshal.loads(data)

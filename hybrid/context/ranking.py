@@ -73,9 +73,6 @@ class Ranking:
     task: TaskTerms
     reasons: dict[int, list[str]]
 
-    def top(self, k: int) -> list[int]:
-        return self.order[:k]
-
 
 def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) -> TaskTerms:
     """Find the identifiers, paths and words of ``task`` that this repository knows."""

@@ -233,7 +233,7 @@ def _has_image(made: Any, tag: str) -> bool:
 
 
 def _owner() -> str:
-    from hybrid.workstation.docker import _owner as owner
+    from hybrid.workstation.docker.labels import _owner as owner
 
     return owner()
 

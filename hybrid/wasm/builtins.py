@@ -61,10 +61,4 @@ def manifest() -> dict[str, Any]:
     return data
 
 
-def forget() -> None:
-    """Drop the per-process modules (the disk cache stays); used to measure a cold first call."""
-    with _lock:
-        _loaded.clear()
-
-
-__all__ = ["MODULES_DIR", "NAMES", "forget", "manifest", "module", "module_path"]
+__all__ = ["MODULES_DIR", "NAMES", "manifest", "module", "module_path"]

@@ -84,11 +84,6 @@ class CompiledCache:
         _write_atomic(path, bytes(compiled.serialize()))
         return compiled
 
-    def clear_memory(self) -> None:
-        """Forget in-memory entries (the disk cache stays); used to measure cold loads."""
-        with self._guard:
-            self._memory.clear()
-
 
 def _compile(
     eng: wasmtime.Engine,
