@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from hybrid import router, tiers
-from hybrid.errors import PolicyError
+from hybrid import router, tiers, workstation
+from hybrid.errors import PolicyError, WorkstationNotFound
 from hybrid.policy import Budget, SandboxSpec, admit, tier_limits
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.tiers.base import OutputCallback, Probe, Tier, TierLimits
 from hybrid.tiers.container import container_tiers, runtime_of, tier_of
+from hybrid.workstation.local import LocalBackend
 
 EVERYTHING = {name: (True, "test double") for name in tiers.names()}
 
@@ -51,6 +52,9 @@ class FakeTier:
             usage=Usage(wall_ms=0.0),
             stdout=" ".join(job.command[1:]) + f" (spec tier {spec.tier})\n",
         )
+
+    def backend(self) -> None:
+        return None
 
 
 @pytest.fixture
@@ -172,3 +176,44 @@ def test_importing_the_registry_loads_no_runtime():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+class FakeWorkstationTier(FakeTier):
+    """A tier that keeps workstations: the local backend (host processes) stands behind it."""
+
+    name = "fake-ws"
+    minimums = {}
+
+    def backend(self) -> LocalBackend:  # type: ignore[override]
+        return LocalBackend()
+
+
+def test_a_tier_names_its_workstation_backend_and_the_cli_finds_its_workstations(
+    hybrid_cli, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HYBRID_STATE_DIR", str(tmp_path / "state"))
+    assert isinstance(workstation.backend("gvisor"), type(workstation.backend("docker")))
+    with pytest.raises(PolicyError, match="tier 'python-wasm' runs in process and keeps no workst"):
+        workstation.backend("python-wasm")
+    code, _, err = hybrid_cli("ws", "up", "--tier", "wasm")
+    assert code == 2 and "runs in process" in err and "Traceback" not in err
+    code, _, err = hybrid_cli("ws", "up", "--tier", "docker", "--gvisor")
+    assert code == 2 and "--gvisor contradicts --tier docker" in err
+
+    with tiers.registered(FakeWorkstationTier()):
+        assert [type(b).__name__ for b in workstation.backends()] == [
+            "DockerBackend",
+            "LocalBackend",
+        ]
+        code, out, err = hybrid_cli("ws", "up", "w1", "--tier", "fake-ws")
+        assert (code, out) == (0, "w1\n"), err
+        # Every other command finds it by name, whichever backend holds it.
+        assert workstation.locate("w1").tier == "local"
+        code, out, _ = hybrid_cli("ws", "exec", "w1", "--", "sh", "-c", "echo hi > f; cat f")
+        assert (code, out) == (0, "hi\n")
+        code, out, _ = hybrid_cli("ws", "ls", "--json")
+        assert "w1" in [w["name"] for w in json.loads(out)["workstations"]]
+        code, _, _ = hybrid_cli("ws", "down", "w1")
+        assert code == 0
+        with pytest.raises(WorkstationNotFound, match="no workstation named w1"):
+            workstation.locate("w1")
