@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid.tiers.base import (
@@ -160,7 +161,7 @@ def _userns_allowed() -> bool:
         ("/proc/sys/user/max_user_namespaces", "0"),
     ):
         try:
-            if open(path).read().strip() == bad:
+            if Path(path).read_text().strip() == bad:
                 return False
         except OSError:
             continue

@@ -159,7 +159,7 @@ def copy_tree(source: Path, dir_fd: int, name: str, owner: tuple[int, int]) -> N
     try:
         for entry in archive.walk(source, archive.Everything()):
             rel = PurePosixPath(name, entry.path) if entry.path else PurePosixPath(name)
-            parent = fds[str(rel.parent)] if str(rel.parent) in fds else dir_fd
+            parent = fds.get(str(rel.parent), dir_fd)
             leaf = rel.name
             if entry.kind == "dir":
                 with contextlib.suppress(FileExistsError):
