@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import shutil
 import tarfile
@@ -66,12 +67,17 @@ class Root:
 
 
 def find(image: str | None = None) -> Root | None:
-    """The prepared root for ``image`` (default: the base image), or None if not exported yet."""
+    """The prepared root for ``image`` (default: the base image), or None if not exported yet.
+
+    The engine is asked for the image's id once per process; without an engine, the root last
+    exported for that tag serves (so a running engine is needed only for the first export).
+    """
     if image == HOST:
         return Root(Path("/"), HOST)
     image_id = _image_id(image)
     if image_id is None:
-        return None
+        latest = _home() / _tag_link(image or _base())
+        return Root(latest.resolve(), image or _base()) if (latest / "usr").is_dir() else None
     path = _home() / f"rootfs-{image_id[:12]}"
     return Root(path, image or _base()) if (path / "usr").is_dir() else None
 
@@ -84,7 +90,7 @@ def prepare(image: str | None = None) -> Root:
     if image == HOST:
         return Root(Path("/"), HOST)
     found = find(image)
-    if found is not None:
+    if found is not None and (_home() / _tag_link(found.image)).exists():
         return found
     image_id = _image_id(image)
     if image_id is None:
@@ -98,7 +104,17 @@ def prepare(image: str | None = None) -> Root:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one export per image, whatever the processes
         if not (path / "usr").is_dir():
             _export(image or _base(), path)
+        link = _home() / _tag_link(image or _base())
+        fresh = link.with_name(link.name + ".new")
+        with contextlib.suppress(FileNotFoundError):
+            fresh.unlink()
+        fresh.symlink_to(path.name)
+        fresh.replace(link)
     return Root(path, image or _base())
+
+
+def _tag_link(image: str) -> str:
+    return "rootfs@" + "".join(c if c.isalnum() or c in "._-" else "_" for c in image)
 
 
 def _home() -> Path:
@@ -113,6 +129,7 @@ def _base() -> str:
     return BASE_IMAGE
 
 
+@functools.cache
 def _image_id(image: str | None) -> str | None:
     """The engine's id of ``image`` (the base image by default); None without engine or image."""
     try:
