@@ -78,8 +78,9 @@ def mount(where: Path, size: int, uid: int, gid: int) -> None:
 
 def unmount(where: Path) -> None:
     """Unmount it (lazily if busy) and remove the mount point; idempotent."""
-    if os.path.ismount(where):
-        _libc.umount2(os.fsencode(where), _MNT_DETACH)
+    # Unconditionally: os.path.ismount cannot see a bind mount from the same filesystem, and
+    # umount2 on a directory that is no mount point just fails with EINVAL.
+    _libc.umount2(os.fsencode(where), _MNT_DETACH)
     with contextlib.suppress(OSError):
         where.rmdir()
 
