@@ -59,16 +59,16 @@ class FakeTier:
 
 @pytest.fixture
 def fake() -> Iterator[Tier]:
-    with tiers.registered(FakeTier(), before="docker") as tier:
+    with tiers.registered(FakeTier(), before="bwrap") as tier:
         yield tier
     assert "fake" not in tiers.names()
 
 
 def test_the_registry_is_ordered_cheapest_first_and_every_entry_is_a_tier():
-    assert tiers.names() == ("wasm", "python-wasm", "docker", "gvisor")
+    assert tiers.names() == ("wasm", "python-wasm", "bwrap", "docker", "gvisor")
     assert all(isinstance(t, Tier) for t in tiers.all_tiers())
     with pytest.raises(
-        PolicyError, match=r"unknown tier 'nope' \(use wasm, python-wasm, docker or gvisor\)"
+        PolicyError, match=r"unknown tier 'nope' \(use wasm, python-wasm, bwrap, docker or gvisor\)"
     ):
         tiers.get("nope")
 
@@ -90,7 +90,7 @@ def test_a_registered_tier_is_routed_in_registry_order(fake: Tier):
     assert set(chosen.rejected) == {"wasm", "python-wasm"}
 
     passed_over = router.route(router.Job(command=["true"]), available=available)
-    assert passed_over.tier == "docker"
+    assert passed_over.tier == "bwrap"
     assert passed_over.rejected["fake"] == "the fake runs only fake-ok"
 
     result = router.run(router.Job(command=["fake-ok", "hi"]), "fake", available=available)
@@ -116,7 +116,7 @@ def test_a_registered_tier_sets_admits_limits_and_minimums(fake: Tier):
 def test_an_unregistered_tier_is_refused_everywhere():
     with pytest.raises(
         PolicyError,
-        match="tier: Input should be 'auto', 'wasm', 'python-wasm', 'docker' or 'gvisor'",
+        match="tier: Input should be 'auto', 'wasm', 'python-wasm', 'bwrap', 'docker' or 'gvisor'",
     ):
         SandboxSpec.from_dict({"tier": "fake"})
     with pytest.raises(PolicyError, match="unknown tier 'fake'"):
@@ -126,9 +126,9 @@ def test_an_unregistered_tier_is_refused_everywhere():
 def test_a_registered_tier_is_in_the_cli(fake: Tier, hybrid_cli, monkeypatch, tmp_path: Path):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(router, "_availability_cache", None)  # probe again, the fake included
     code, out, _ = hybrid_cli("run", "--help")
-    assert code == 0 and "[auto|wasm|python-wasm|fake|docker|gvisor]" in out
+    assert code == 0 and "[auto|wasm|python-wasm|fake|bwrap|docker|gvisor]" in out
     code, out, _ = hybrid_cli("policy", "check", "--help")
-    assert code == 0 and "[wasm|python-wasm|fake|docker|gvisor]" in out
+    assert code == 0 and "[wasm|python-wasm|fake|bwrap|docker|gvisor]" in out
 
     code, out, err = hybrid_cli("route", "--json", "--", "true")
     assert code == 0, err
@@ -149,7 +149,7 @@ def test_a_registered_tier_is_in_the_cli(fake: Tier, hybrid_cli, monkeypatch, tm
     code, out, _ = hybrid_cli("doctor", "--json")
     assert code == 0
     rows = {row["tier"]: row for row in json.loads(out)}
-    assert list(rows)[:4] == ["wasm", "python-wasm", "fake", "docker"]
+    assert list(rows)[:4] == ["wasm", "python-wasm", "fake", "bwrap"]
     assert rows["fake"] == {
         "tier": "fake",
         "available": True,
@@ -164,7 +164,15 @@ def test_a_registered_tier_is_attacked_by_the_hostile_suite(fake: Tier):
         from hostile_kit import hostile_tiers
     finally:
         sys.path.pop(0)
-    assert hostile_tiers() == ["wasm", "python-wasm", "fake", "docker", "gvisor", "workstation"]
+    assert hostile_tiers() == [
+        "wasm",
+        "python-wasm",
+        "fake",
+        "bwrap",
+        "docker",
+        "gvisor",
+        "workstation",
+    ]
 
 
 def test_importing_the_registry_loads_no_runtime():
@@ -202,6 +210,7 @@ def test_a_tier_names_its_workstation_backend_and_the_cli_finds_its_workstations
 
     with tiers.registered(FakeWorkstationTier()):
         assert [type(b).__name__ for b in workstation.backends()] == [
+            "BwrapBackend",
             "DockerBackend",
             "LocalBackend",
         ]
