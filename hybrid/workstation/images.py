@@ -17,7 +17,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
-from hybrid.workstation import docker as _docker
 
 BASE_IMAGE = os.environ.get("HYBRID_BASE_IMAGE", "hybrid/base:bookworm")
 # What a workstation needs to build and test a Python project: the interpreter, venv + pip for
@@ -105,6 +104,8 @@ def _list_mirror(text: str, suite: str) -> str | None:
 
 def get(tag: str = BASE_IMAGE) -> ImageInfo | None:
     """The image ``tag`` if the engine has it, else None."""
+    from hybrid.workstation import docker as _docker  # the SDK only when the engine is asked
+
     client = _docker.client()
     with _docker.translate():
         try:
@@ -162,6 +163,8 @@ def bootstrap(
             ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(archive), "."], check=True
         )
         progress(f"importing as {tag}")
+        from hybrid.workstation import docker as _docker
+
         repository, version = tag.rsplit(":", 1)
         client = _docker.client()
         with _docker.translate():
@@ -187,6 +190,9 @@ def bootstrap(
     info = get(tag)
     if info is None:
         raise WorkstationError(f"the engine did not keep the imported image {tag}")
+    from hybrid.workstation.bwrap import rootfs as bwrap_root
+
+    bwrap_root.forget(tag)  # the bwrap tier's exported copy is of the old image
     return info.model_copy(update={"built": True})
 
 

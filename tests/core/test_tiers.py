@@ -124,7 +124,7 @@ def test_an_unregistered_tier_is_refused_everywhere():
 
 
 def test_a_registered_tier_is_in_the_cli(fake: Tier, hybrid_cli, monkeypatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(router, "_availability_cache", None)  # probe again, the fake included
+    monkeypatch.setattr(router, "_probed", {})  # probe again, the fake included
     code, out, _ = hybrid_cli("run", "--help")
     assert code == 0 and "[auto|wasm|python-wasm|fake|bwrap|docker|gvisor]" in out
     code, out, _ = hybrid_cli("policy", "check", "--help")

@@ -69,17 +69,25 @@ class Root:
 def find(image: str | None = None) -> Root | None:
     """The prepared root for ``image`` (default: the base image), or None if not exported yet.
 
-    The engine is asked for the image's id once per process; without an engine, the root last
-    exported for that tag serves (so a running engine is needed only for the first export).
+    The root last exported for that tag serves without asking the engine (a sandbox start must
+    not wait on a daemon); ``hybrid image bootstrap`` forgets it when it rebuilds the image.
     """
     if image == HOST:
         return Root(Path("/"), HOST)
+    latest = _home() / _tag_link(image or _base())
+    if (latest / "usr").is_dir():
+        return Root(latest.resolve(), image or _base())
     image_id = _image_id(image)
     if image_id is None:
-        latest = _home() / _tag_link(image or _base())
-        return Root(latest.resolve(), image or _base()) if (latest / "usr").is_dir() else None
+        return None
     path = _home() / f"rootfs-{image_id[:12]}"
     return Root(path, image or _base()) if (path / "usr").is_dir() else None
+
+
+def forget(image: str) -> None:
+    """Forget the root exported for tag ``image`` (it was rebuilt): the next use exports again."""
+    with contextlib.suppress(FileNotFoundError):
+        (_home() / _tag_link(image)).unlink()
 
 
 def prepare(image: str | None = None) -> Root:

@@ -21,7 +21,7 @@ import os
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -207,7 +207,7 @@ def open_dir_at(parent: int, name: str) -> int:
         raise
 
 
-def entries(dir_fd: int, name: str) -> Iterator[archive.HostEntry]:
+def entries(dir_fd: int, name: str) -> Generator[archive.HostEntry, None, None]:
     """``name`` in ``dir_fd`` and everything under it, read without following a symlink."""
     return archive.walk(Path(f"/proc/self/fd/{dir_fd}/{name}"), archive.Everything(), False)
 
