@@ -130,6 +130,31 @@ DEFAULT_DISK = 2 * 1024**3
 DEFAULT_WASM_DISK = 64 * 1024**2
 """Scratch-directory cap of the WASM tiers when ``Budget.disk`` is unset."""
 
+WORKSTATION_BUDGET = {
+    "wall_seconds": 900.0,
+    "memory": 4 * 1024**3,
+    "pids": 1024,
+    "cpus": 2.0,
+}
+"""Budget defaults of a workstation command (``ws up``, ``hybrid.deps.up``): sized for a real
+test suite (requests' whole suite under 30 s / 256 MiB was killed at 11%). A field the spec
+sets explicitly (a policy file, --timeout, --memory) is kept; cpus never exceeds the host's."""
+
+
+def for_workstation(spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` with WORKSTATION_BUDGET for every budget field it leaves at the one-shot default."""
+    given = spec.budget.model_fields_set if "budget" in spec.model_fields_set else set()
+    update: dict[str, Any] = {
+        name: value for name, value in WORKSTATION_BUDGET.items() if name not in given
+    }
+    if "cpus" in update:
+        update["cpus"] = min(float(update["cpus"]), float(os.cpu_count() or 1))
+    if not update:
+        return spec
+    budget = spec.budget.model_copy(update=update)
+    budget.__pydantic_fields_set__ = set(spec.budget.model_fields_set)  # still "not given"
+    return spec.model_copy(update={"budget": budget})
+
 
 class Mount(_Strict):
     """A host path made visible inside the sandbox."""
@@ -197,7 +222,9 @@ class DepsPolicy(_Strict):
         description="A manifest file (hybrid deps lock --output); nothing outside its (name, version, sha256) enters.",
     )
     max_bytes: Size = Field(
-        2 * 1024**3, gt=0, description="Total size the admitted artifacts may have (accepts 500M, 2G)."
+        2 * 1024**3,
+        gt=0,
+        description="Total size the admitted artifacts may have (accepts 500M, 2G).",
     )
     groups: list[str] = Field(
         default_factory=lambda: ["test", "tests", "testing", "dev"],

@@ -48,6 +48,13 @@ def ws() -> None:
     "--from", "snapshot", help="Snapshot to start from (its files and installed packages)."
 )
 @click.option("--gvisor", is_flag=True, help="Run under gVisor (runsc) instead of runc.")
+@click.option(
+    "--deps",
+    "with_deps",
+    is_flag=True,
+    help="Install the repository's dependencies (locked on the host, admitted by the policy's "
+    "[deps], installed with the network off; reused while the lockfile is unchanged).",
+)
 @sandbox_options
 @json_option
 def up(
@@ -56,16 +63,24 @@ def up(
     image: str | None,
     snapshot: str | None,
     gvisor: bool,
+    with_deps: bool,
     as_json: bool,
     **opts: Any,
 ) -> None:
     """Start a workstation (it stays until `ws down`)."""
     tier = "gvisor" if gvisor else "docker"
-    spec = container_spec(opts, tier)
+    spec = container_spec(opts, tier, workstation=True)
+    if with_deps and (repo is None or snapshot):
+        raise InvalidInput("--deps installs a repository's dependencies: give --repo (not --from)")
     backend = _backend()
     text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
     with _status(as_json, text):
-        made = _up(backend, name, repo, image, snapshot, gvisor, spec, opts)
+        if with_deps and repo is not None:
+            from hybrid import deps
+
+            made = deps.up(backend, repo, spec, image=image, name=name, persistent=True)
+        else:
+            made = _up(backend, name, repo, image, snapshot, gvisor, spec, opts)
     info = made.info()
     emit(info, as_json, lambda: click.echo(info.name))
 
@@ -153,6 +168,27 @@ def exec_(
     )
     emit(result, as_json, lambda: render_result(result, streamed=True))
     raise click.exceptions.Exit(exit_code_for(result))
+
+
+@ws.command("deps")
+@click.argument("name")
+@json_option
+def deps_cmd(name: str, as_json: bool) -> None:
+    """What entered a workstation made with --deps: every artifact, pinned, and the layer."""
+    from hybrid import deps
+
+    record = deps.installed(_backend().open(name))
+
+    def render() -> None:
+        manifest = record.manifest
+        hit = "reused" if record.cache_hit else "built"
+        click.echo(
+            f"{record.workstation}: {len(manifest.artifacts)} artifacts from {record.layer} ({hit})"
+        )
+        for artifact in manifest.artifacts:
+            click.echo(f"  {artifact.name} {artifact.version}  sha256:{artifact.sha256}")
+
+    emit(record, as_json, render)
 
 
 @ws.command("shell")

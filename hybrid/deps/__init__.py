@@ -62,7 +62,11 @@ def plan(
 
 
 def _plan(
-    repo: Path, spec: SandboxSpec | None, image: str | None, refresh: bool, seconds: dict[str, float]
+    repo: Path,
+    spec: SandboxSpec | None,
+    image: str | None,
+    refresh: bool,
+    seconds: dict[str, float],
 ) -> Manifest:
     from hybrid.deps.layers import target
     from hybrid.workstation.images import BASE_IMAGE
@@ -119,11 +123,15 @@ def up(
     refresh: bool = False,
 ) -> Workstation:
     """A workstation holding ``repo`` with its admitted dependencies installed (network off)."""
+    from hybrid.policy import for_workstation
     from hybrid.workstation import state
 
+    spec = spec or for_workstation(SandboxSpec(tier="docker"))
     prepared = prepare(repo, spec, image=image, refresh=refresh)
     mark = time.monotonic()
-    made = backend.create(spec, image=prepared.layer.ref, repo=repo, name=name, persistent=persistent)
+    made = backend.create(
+        spec, image=prepared.layer.ref, repo=repo, name=name, persistent=persistent
+    )
     seconds = {**prepared.seconds, "create": time.monotonic() - mark}
     record = Installed(
         workstation=made.name,
@@ -142,8 +150,8 @@ def up(
 
 def installed(workstation: Workstation) -> Installed:
     """What entered ``workstation`` (WorkstationNotFound when it was made without --deps)."""
-    from hybrid.workstation import state
     from hybrid.deps.layers import LABEL_KEY, manifest_of
+    from hybrid.workstation import state
 
     path = state.path("workstations", workstation.id) / EVIDENCE
     if path.is_file():
@@ -156,7 +164,9 @@ def installed(workstation: Workstation) -> Installed:
         raise WorkstationNotFound(
             f"{workstation.name} was made without --deps: no dependencies entered it"
         )
-    return Installed(workstation=workstation.name, layer=info.image, cache_hit=True, manifest=manifest)
+    return Installed(
+        workstation=workstation.name, layer=info.image, cache_hit=True, manifest=manifest
+    )
 
 
 def _image_label(image: str, label: str) -> str | None:
@@ -165,7 +175,7 @@ def _image_label(image: str, label: str) -> str | None:
     with translate(f"inspect {image}"):
         try:
             labels: dict[str, Any] = client().api.inspect_image(image)["Config"].get("Labels") or {}
-        except Exception:  # noqa: BLE001 - an image gone means no record
+        except Exception:
             return None
     return labels.get(label)
 
@@ -176,9 +186,9 @@ __all__ = [
     "Installed",
     "Layer",
     "Manifest",
+    "PolicyViolation",
     "Prepared",
     "PruneReport",
-    "PolicyViolation",
     "Requirement",
     "Target",
     "admit",

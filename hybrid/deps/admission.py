@@ -76,4 +76,6 @@ def enforce(manifest: Manifest, policy: DepsPolicy | None = None) -> Manifest:
 
 
 def _match(name: str, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(name, canonicalize_name(pattern) if "*" not in pattern else pattern.lower())
+    return fnmatch.fnmatchcase(
+        name, canonicalize_name(pattern) if "*" not in pattern else pattern.lower()
+    )

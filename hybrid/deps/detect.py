@@ -133,9 +133,13 @@ class _Reader:
         if parser.has_option("metadata", "name") and not self.declared.project:
             self.declared.project = canonicalize_name(parser.get("metadata", "name"))
         if parser.has_option("options", "install_requires"):
-            self.own += [(s, "setup.cfg") for s in _lines(parser.get("options", "install_requires"))]
+            self.own += [
+                (s, "setup.cfg") for s in _lines(parser.get("options", "install_requires"))
+            ]
         if parser.has_option("options", "tests_require"):
-            self.wanted += [(s, "setup.cfg") for s in _lines(parser.get("options", "tests_require"))]
+            self.wanted += [
+                (s, "setup.cfg") for s in _lines(parser.get("options", "tests_require"))
+            ]
         if parser.has_section("options.extras_require"):
             for extra, value in parser.items("options.extras_require"):
                 self.extras[canonicalize_name(extra)] = [(s, "setup.cfg") for s in _lines(value)]
@@ -154,10 +158,9 @@ class _Reader:
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 target = node.targets[0]
                 if isinstance(target, ast.Name):
-                    try:
-                        names[target.id] = ast.literal_eval(node.value)
-                    except ValueError:
-                        pass
+                    literal = _literal(node.value, {})
+                    if literal is not None:
+                        names[target.id] = literal
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup"):
                 continue
@@ -329,11 +332,11 @@ class _Reader:
         for spec, source in chosen:
             req = Req(spec)
             name = canonicalize_name(req.name)
-            pins = [s for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
+            pins = [
+                s for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version
+            ]
             declared.python.append(
-                Requirement(
-                    spec=spec, source=source, pinned=bool(pins) or name in declared.locked
-                )
+                Requirement(spec=spec, source=source, pinned=bool(pins) or name in declared.locked)
             )
         if project:
             src = self.repo / "src"
@@ -396,5 +399,5 @@ def _literal(node: ast.expr, names: dict[str, Any]) -> Any:
         return names.get(node.id)
     try:
         return ast.literal_eval(node)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None

@@ -98,9 +98,11 @@ def target(image: str) -> Target:
     with translate(f"inspect {image}"):
         try:
             image_id = api.inspect_image(image)["Id"]
-        except Exception as exc:  # noqa: BLE001 - translated below
+        except Exception as exc:
             if type(exc).__name__ == "ImageNotFound":
-                raise WorkstationNotFound(f"no image {image} (build it with: hybrid image bootstrap)") from None
+                raise WorkstationNotFound(
+                    f"no image {image} (build it with: hybrid image bootstrap)"
+                ) from None
             raise
         saved = cache_dir("deps", "targets") / f"{image_id.rpartition(':')[2]}.json"
         with contextlib.suppress(OSError, ValueError):
@@ -112,10 +114,18 @@ def target(image: str) -> Target:
             "'machine': platform.machine(), 'npm': bool(shutil.which('npm'))}))"
         )
         out = client().containers.run(
-            image, ["python3", "-c", probe], remove=True, network_disabled=True,
-            network_mode="none", user="1000:1000", read_only=True, cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], mem_limit="256m", pids_limit=32,
-        )  # fmt: skip
+            image,
+            ["python3", "-c", probe],
+            remove=True,
+            network_disabled=True,
+            network_mode="none",
+            user="1000:1000",
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            mem_limit="256m",
+            pids_limit=32,
+        )
     found = Target.model_validate_json(out)
     saved.write_text(found.model_dump_json())
     return found
@@ -157,7 +167,9 @@ def ensure(
                 command=["/bin/sh", f"{_STAGE}/install.sh"],
                 user=DEFAULT_USER,
                 working_dir="/tmp",
-                environment={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+                environment={
+                    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+                },
                 labels={LABEL_MANAGED: "1", LABEL_KIND: "deps-builder", LABEL_OWNER: _owner()},
                 network_disabled=True,
                 host_config=api.create_host_config(
@@ -177,8 +189,11 @@ def ensure(
             api.start(builder)
             try:
                 status = api.wait(builder, timeout=timeout)
-            except Exception as exc:  # noqa: BLE001 - a read timeout of the engine's wait
-                if "timed out" not in str(exc).lower() and "timeout" not in type(exc).__name__.lower():
+            except Exception as exc:
+                if (
+                    "timed out" not in str(exc).lower()
+                    and "timeout" not in type(exc).__name__.lower()
+                ):
                     raise
                 raise DependencyError(
                     f"installing the dependencies took over {timeout:g}s; refused"
@@ -226,11 +241,19 @@ def _stage(manifest: Manifest, staging: Path) -> None:
     store.stage(python, staging / "python")
     store.stage(node, staging / "node")
     for artifact in project:
-        store.stage([artifact.model_copy(update={"filename": Path(artifact.filename).name})], staging / "node-project")
+        store.stage(
+            [artifact.model_copy(update={"filename": Path(artifact.filename).name})],
+            staging / "node-project",
+        )
     (staging / "python.txt").write_text("".join(f"{a.name}=={a.version}\n" for a in python))
-    (staging / "node.txt").write_text("".join(f"{a.name}@{a.version}\n" for a in node) if project else "")
+    (staging / "node.txt").write_text(
+        "".join(f"{a.name}@{a.version}\n" for a in node) if project else ""
+    )
     (staging / "paths.txt").write_text(
-        "".join(f"{Path('/workspace', p).as_posix().rstrip('.').rstrip('/') or '/workspace'}\n" for p in manifest.paths)
+        "".join(
+            f"{Path('/workspace', p).as_posix().rstrip('.').rstrip('/') or '/workspace'}\n"
+            for p in manifest.paths
+        )
     )
     (staging / "install.sh").write_text(_SCRIPT.format(stage=_STAGE, venv=VENV, node=NODE))
     for path in staging.rglob("*"):
@@ -360,7 +383,9 @@ def gc(api: Any, report: Any) -> None:
     from hybrid.workstation.docker import LABEL_KIND, LABEL_MANAGED
 
     used = {row.get("ImageID") for row in api.containers(all=True)}
-    for row in api.images(all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_KIND}={KIND}"]}):
+    for row in api.images(
+        all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_KIND}={KIND}"]}
+    ):
         tags = [t for t in row.get("RepoTags") or [] if t != "<none>:<none>"]
         if not tags and row["Id"] not in used:
             with contextlib.suppress(errors.APIError):

@@ -95,12 +95,29 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
         out.mkdir()
         (Path(work) / "requirements.txt").write_text("\n".join(specs) + "\n")
         command = [
-            sys.executable, "-m", "pip", "download", "--dest", str(out),
-            "--only-binary=:all:", "--python-version", target.python,
-            "--implementation", "cp", "--abi", f"cp{nodot}", "--abi", "abi3", "--abi", "none",
-            "--progress-bar", "off", "--disable-pip-version-check",
-            "-r", str(Path(work) / "requirements.txt"),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--dest",
+            str(out),
+            "--only-binary=:all:",
+            "--python-version",
+            target.python,
+            "--implementation",
+            "cp",
+            "--abi",
+            f"cp{nodot}",
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+            "--progress-bar",
+            "off",
+            "--disable-pip-version-check",
+            "-r",
+            str(Path(work) / "requirements.txt"),
+        ]
         for tag in platforms(target):
             command += ["--platform", tag]
         if declared.locked:
@@ -109,7 +126,9 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
             command += ["-c", str(Path(work) / "locked.txt")]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            raise DependencyError(f"pip could not resolve the project's dependencies: {_why(done.stderr)}")
+            raise DependencyError(
+                f"pip could not resolve the project's dependencies: {_why(done.stderr)}"
+            )
         found = []
         refused = []
         for path in sorted(out.iterdir()):
@@ -123,9 +142,13 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
                 )
             found.append(
                 Artifact(
-                    ecosystem="python", name=name, version=version,
-                    filename=path.name, sha256=digest, size=size,
-                )  # fmt: skip
+                    ecosystem="python",
+                    name=name,
+                    version=version,
+                    filename=path.name,
+                    sha256=digest,
+                    size=size,
+                )
             )
         if refused:
             raise PolicyViolation(refused)
@@ -161,7 +184,9 @@ def _node(repo: Path, declared: Declared) -> list[Artifact]:
         return []
     npm = shutil.which("npm")
     if npm is None:
-        raise DependencyError("the project has a Node lockfile but npm is not installed on this host")
+        raise DependencyError(
+            "the project has a Node lockfile but npm is not installed on this host"
+        )
     lockfile = json.loads((repo / declared.node).read_text(encoding="utf-8"))
     wanted: dict[str, tuple[str, str, str]] = {}  # spec -> (name, version, integrity)
     for where, entry in (lockfile.get("packages") or {}).items():
@@ -177,25 +202,44 @@ def _node(repo: Path, declared: Declared) -> list[Artifact]:
         return artifacts
     with tempfile.TemporaryDirectory(prefix="hybrid-npm-") as work:
         done = subprocess.run(
-            [npm, "pack", "--json", "--ignore-scripts", "--pack-destination", work, *sorted(wanted)],
-            capture_output=True, text=True, check=False, cwd=work,
-        )  # fmt: skip
+            [
+                npm,
+                "pack",
+                "--json",
+                "--ignore-scripts",
+                "--pack-destination",
+                work,
+                *sorted(wanted),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=work,
+        )
         if done.returncode != 0:
-            raise DependencyError(f"npm could not fetch the lockfile's packages: {_why(done.stderr)}")
+            raise DependencyError(
+                f"npm could not fetch the lockfile's packages: {_why(done.stderr)}"
+            )
         refused = []
         for row in json.loads(done.stdout):
             spec = f"{row['name']}@{row['version']}"
             name, version, integrity = wanted.get(spec, (row["name"], row["version"], ""))
             path = Path(work) / row["filename"]
             if integrity and not _integrity_ok(path, integrity):
-                refused.append(f"deps: {spec}: tarball does not match the lockfile's integrity; refused")
+                refused.append(
+                    f"deps: {spec}: tarball does not match the lockfile's integrity; refused"
+                )
                 continue
             digest, size = store.add(path)
             artifacts.append(
                 Artifact(
-                    ecosystem="node", name=name, version=version,
-                    filename=row["filename"], sha256=digest, size=size,
-                )  # fmt: skip
+                    ecosystem="node",
+                    name=name,
+                    version=version,
+                    filename=row["filename"],
+                    sha256=digest,
+                    size=size,
+                )
             )
         if refused:
             raise PolicyViolation(refused)

@@ -62,7 +62,9 @@ def problems(artifacts: Iterable[Artifact]) -> list[str]:
     for artifact in artifacts:
         where = path_of(artifact.sha256)
         if not where.is_file():
-            found.append(f"deps: {artifact.filename}: not in the artifact store (run hybrid deps lock)")
+            found.append(
+                f"deps: {artifact.filename}: not in the artifact store (run hybrid deps lock)"
+            )
             continue
         actual = sha256_file(where)
         if actual != artifact.sha256:

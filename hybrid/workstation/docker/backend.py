@@ -16,7 +16,7 @@ from docker.types import Mount as DockerMount
 
 from hybrid.deps import layers as deps_layers
 from hybrid.errors import PolicyViolation, WorkstationError, WorkstationNotFound
-from hybrid.policy import SandboxSpec, admit, check_input_path
+from hybrid.policy import SandboxSpec, admit, check_input_path, for_workstation
 from hybrid.tiers.container import tier_of
 from hybrid.workstation import disk, state
 from hybrid.workstation.base import GcReport, check_name
@@ -85,7 +85,7 @@ class DockerBackend:
         """
         from hybrid.workstation.images import BASE_IMAGE
 
-        spec = spec or SandboxSpec(tier="docker")
+        spec = spec or for_workstation(SandboxSpec(tier="docker"))
         runtime = runtime_for(spec)
         tier = tier_of(runtime)
         violations = admit(spec, tier)
