@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from hybrid.deps.admission import admit, approved_set, enforce
 from hybrid.deps.detect import detect
-from hybrid.deps.layers import Layer, PruneReport, layers, prune, sizes
+from hybrid.deps.layers import Layer, PruneReport, list_layers, prune, sizes
 from hybrid.deps.models import Artifact, Declared, Manifest, Requirement, Target
 from hybrid.deps.resolve import lock
 from hybrid.errors import PolicyViolation, WorkstationNotFound
@@ -196,7 +196,7 @@ __all__ = [
     "detect",
     "enforce",
     "installed",
-    "layers",
+    "list_layers",
     "lock",
     "plan",
     "prepare",

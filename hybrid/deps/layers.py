@@ -295,7 +295,7 @@ def _layer(key: str, ref: str, image_id: str, manifest: Manifest, *, hit: bool) 
     )
 
 
-def layers() -> list[Layer]:
+def list_layers() -> list[Layer]:
     """Every dependency layer the engine holds, least recently used first."""
     from hybrid.workstation.docker import LABEL_KIND, LABEL_MANAGED, client, translate
 
@@ -346,7 +346,7 @@ def prune(max_bytes: int = 0, *, keep: set[str] | None = None) -> PruneReport:
     keep = keep or set()
     with translate("prune dependency layers"):
         used = {row.get("ImageID") for row in api.containers(all=True)}
-        found = layers()
+        found = list_layers()
         total = sum(layer.size_bytes for layer in found)
         for layer in found:
             if total <= max_bytes:
@@ -404,7 +404,7 @@ def gc(api: Any, report: Any) -> None:
 
 def sizes() -> dict[str, Any]:
     """Bytes the store and the layers hold."""
-    found = layers()
+    found = list_layers()
     return {
         "store_bytes": store.size(),
         "layers_bytes": sum(layer.size_bytes for layer in found),
