@@ -4,6 +4,7 @@ layers are reused while the lockfile is unchanged, and nothing is left behind on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -47,10 +48,8 @@ def _layer_ref(repo: Path, spec: SandboxSpec) -> str:
 def _drop(ref: str) -> None:
     from docker import errors
 
-    try:
+    with contextlib.suppress(errors.NotFound):
         client().api.remove_image(ref, force=True)
-    except errors.NotFound:
-        pass
 
 
 def _leftovers() -> list[str]:
@@ -167,7 +166,7 @@ def test_a_tampered_artifact_is_refused(engine, tmp_path, made_refs) -> None:
 def test_a_lockfile_hash_mismatch_is_refused(engine, tmp_path) -> None:
     repo = _project(tmp_path, "six==1.16.0 --hash=sha256:" + "0" * 64 + "\n")
     with pytest.raises(
-        (DependencyError, PolicyViolation), match="sha256 .* not one the lockfile pins"
+        (DependencyError, PolicyViolation), match=r"sha256 .* not one the lockfile pins"
     ):
         deps.plan(repo)
 
@@ -216,11 +215,11 @@ def test_prune_evicts_unused_layers_and_keeps_used_ones(engine, tmp_path, made_r
     spec = _spec("docker")
     made_refs.append(_layer_ref(repo, spec))
     with deps.up(engine, repo, spec) as ws:
-        kept = deps.prune(0, keep={l.key for l in deps.list_layers() if l.ref not in made_refs})
+        kept = deps.prune(0, keep={x.key for x in deps.list_layers() if x.ref not in made_refs})
         assert made_refs[0] in kept.kept_in_use
         assert made_refs[0] in {layer.ref for layer in deps.list_layers()}
         assert ws.exec("python -c 'import iniconfig'").ok
-    report = deps.prune(0, keep={l.key for l in deps.list_layers() if l.ref not in made_refs})
+    report = deps.prune(0, keep={x.key for x in deps.list_layers() if x.ref not in made_refs})
     assert made_refs[0] in report.layers
     assert made_refs[0] not in {layer.ref for layer in deps.list_layers()}
 
