@@ -244,3 +244,10 @@ def test_cli_up_deps_exec_and_ws_deps(engine, hybrid_cli, tmp_path, made_refs) -
         ]
     finally:
         hybrid_cli("ws", "down", name)
+
+
+def test_a_timeout_says_how_to_raise_it(ws) -> None:
+    result = ws.exec("sleep 10", timeout=1)
+    assert result.termination.value == "timeout"
+    assert "ws exec --timeout SECONDS" in result.detail
+    assert "budget.wall_seconds" in result.detail
