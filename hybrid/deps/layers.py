@@ -56,7 +56,6 @@ if [ -s {stage}/node.txt ]; then
   export npm_config_cache=/tmp/npm-cache npm_config_update_notifier=false
   for t in {stage}/node/*; do npm cache add "$t" >/dev/null; done
   cd {node} && npm ci --offline --no-audit --no-fund
-  ln -s {node}/node_modules /opt/hybrid/node_modules
 fi
 """
 
@@ -185,7 +184,8 @@ def ensure(
                     binds={str(staging): {"bind": _STAGE, "mode": "ro"}},
                 ),
             )["Id"]
-            api.put_archive(builder, "/", _prefix_archive())
+            node = any(a.ecosystem == "node" for a in manifest.artifacts)
+            api.put_archive(builder, "/", _prefix_archive(node))
             api.start(builder)
             try:
                 status = api.wait(builder, timeout=timeout)
@@ -261,8 +261,10 @@ def _stage(manifest: Manifest, staging: Path) -> None:
     staging.chmod(0o555)
 
 
-def _prefix_archive() -> bytes:
+def _prefix_archive(node: bool) -> bytes:
     # /opt/hybrid owned by the workstation user, made before start: the install runs unprivileged.
+    # Node looks for node_modules in every parent of the workspace, / included: /node_modules
+    # leads to the installed tree, so require() and import find it without a file in the workspace.
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         info = tarfile.TarInfo(PREFIX.lstrip("/"))
@@ -271,6 +273,12 @@ def _prefix_archive() -> bytes:
         info.uid = info.gid = 1000
         info.mtime = int(time.time())
         tar.addfile(info)
+        if node:
+            link = tarfile.TarInfo("node_modules")
+            link.type = tarfile.SYMTYPE
+            link.linkname = f"{NODE}/node_modules"
+            link.mtime = int(time.time())
+            tar.addfile(link)
     return buf.getvalue()
 
 
