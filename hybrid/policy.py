@@ -130,6 +130,31 @@ DEFAULT_DISK = 2 * 1024**3
 DEFAULT_WASM_DISK = 64 * 1024**2
 """Scratch-directory cap of the WASM tiers when ``Budget.disk`` is unset."""
 
+WORKSTATION_BUDGET = {
+    "wall_seconds": 900.0,
+    "memory": 4 * 1024**3,
+    "pids": 1024,
+    "cpus": 2.0,
+}
+"""Budget defaults of a workstation command (``ws up``, ``hybrid.deps.up``): sized for a real
+test suite (requests' whole suite under 30 s / 256 MiB was killed at 11%). A field the spec
+sets explicitly (a policy file, --timeout, --memory) is kept; cpus never exceeds the host's."""
+
+
+def for_workstation(spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` with WORKSTATION_BUDGET for every budget field it leaves at the one-shot default."""
+    given = spec.budget.model_fields_set if "budget" in spec.model_fields_set else set()
+    update: dict[str, Any] = {
+        name: value for name, value in WORKSTATION_BUDGET.items() if name not in given
+    }
+    if "cpus" in update:
+        update["cpus"] = min(float(update["cpus"]), float(os.cpu_count() or 1))
+    if not update:
+        return spec
+    budget = spec.budget.model_copy(update=update)
+    budget.__pydantic_fields_set__ = set(spec.budget.model_fields_set)  # still "not given"
+    return spec.model_copy(update={"budget": budget})
+
 
 class Mount(_Strict):
     """A host path made visible inside the sandbox."""
@@ -174,6 +199,39 @@ class Environment(_Strict):
         return env
 
 
+class DepsPolicy(_Strict):
+    """Which of a project's dependencies may enter a workstation (``ws up --deps``, ``hybrid deps``).
+
+    Artifacts are resolved and downloaded on the host, pinned by name, version and sha256, and
+    checked against these rules (``hybrid.deps.admit``) before anything enters.
+    """
+
+    allow: list[str] = Field(
+        default_factory=list,
+        description="Package name patterns that may enter (globs); empty means any not denied.",
+    )
+    deny: list[str] = Field(
+        default_factory=list, description="Package name patterns that never enter (globs)."
+    )
+    require_pins: bool = Field(
+        False,
+        description="Every requirement the project declares must pin one version (==) or come from a lockfile.",
+    )
+    approved: Path | None = Field(
+        None,
+        description="A manifest file (hybrid deps lock --output); nothing outside its (name, version, sha256) enters.",
+    )
+    max_bytes: Size = Field(
+        2 * 1024**3,
+        gt=0,
+        description="Total size the admitted artifacts may have (accepts 500M, 2G).",
+    )
+    groups: list[str] = Field(
+        default_factory=lambda: ["test", "tests", "testing", "dev"],
+        description="Optional extras and dependency groups installed with the project's own.",
+    )
+
+
 def _known_tier(value: str) -> str:
     # A registry lookup rather than a Literal, so a registered tier is valid without editing here.
     known = ("auto", *tiers.names())
@@ -198,6 +256,9 @@ class SandboxSpec(_Strict):
     mounts: list[Mount] = Field(default_factory=list)
     workspace: str = Field("/workspace", description="The one writable area inside the sandbox.")
     env: Environment = Field(default_factory=Environment)
+    deps: DepsPolicy | None = Field(
+        None, description="Dependency admission for `ws up --deps` (unset: the defaults)."
+    )
 
     @classmethod
     def from_toml(cls, path: str | Path) -> SandboxSpec:
@@ -233,6 +294,12 @@ class SandboxSpec(_Strict):
             del data["budget"]["disk"]  # TOML has no null: unset means the tier's default
         else:
             data["budget"]["disk"] = format_size(data["budget"]["disk"])
+        if data["deps"] is None:
+            del data["deps"]
+        else:
+            data["deps"]["max_bytes"] = format_size(data["deps"]["max_bytes"])
+            if data["deps"]["approved"] is None:
+                del data["deps"]["approved"]
         return tomli_w.dumps(data)
 
 

@@ -22,16 +22,23 @@ def image() -> None:
 )
 @click.option("--suite", help="Debian suite (default: this machine's release).")
 @click.option("--force", is_flag=True, help="Rebuild even if the image exists.")
+@click.option(
+    "--profile",
+    type=click.Choice(["python", "node", "build"]),
+    default="python",
+    show_default=True,
+    help="Package set: python (the base), node (+ nodejs, npm), build (+ compilers, headers).",
+)
 @json_option
 def bootstrap(
-    tag: str | None, mirror: str | None, suite: str | None, force: bool, as_json: bool
+    tag: str | None, mirror: str | None, suite: str | None, force: bool, profile: str, as_json: bool
 ) -> None:
     """Build the base image (Debian minbase + python3, pytest, git) with debootstrap and import it."""
     from rich.console import Console
 
     from hybrid.workstation import images
 
-    tag = tag or images.BASE_IMAGE
+    tag = tag or images.profile_tag(profile)
     console = Console(stderr=True)
     with console.status(f"building {tag}", spinner="dots") as status:
 
@@ -39,7 +46,14 @@ def bootstrap(
             if not as_json:
                 status.update(f"building {tag}: {line[:100]}")
 
-        info = images.bootstrap(tag, mirror=mirror, suite=suite, force=force, on_progress=progress)
+        info = images.bootstrap(
+            tag,
+            mirror=mirror,
+            suite=suite,
+            force=force,
+            packages=images.PROFILES[profile],
+            on_progress=progress,
+        )
     emit(
         info,
         as_json,

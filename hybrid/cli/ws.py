@@ -83,6 +83,13 @@ def ws() -> None:
     help="The tier to run it in (default docker; one that keeps workstations).",
 )
 @click.option("--gvisor", is_flag=True, help="Same as --tier gvisor.")
+@click.option(
+    "--deps",
+    "with_deps",
+    is_flag=True,
+    help="Install the repository's dependencies (locked on the host, admitted by the policy's "
+    "[deps], installed with the network off; reused while the lockfile is unchanged).",
+)
 @sandbox_options
 @json_option
 def up(
@@ -92,6 +99,7 @@ def up(
     snapshot: str | None,
     tier: str | None,
     gvisor: bool,
+    with_deps: bool,
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -99,11 +107,18 @@ def up(
     if gvisor and tier not in (None, "gvisor"):
         raise InvalidInput(f"--gvisor contradicts --tier {tier}")
     chosen = "gvisor" if gvisor else tier
-    spec = container_spec(opts, chosen or "docker")
+    spec = container_spec(opts, chosen or "docker", workstation=True)
+    if with_deps and (repo is None or snapshot):
+        raise InvalidInput("--deps installs a repository's dependencies: give --repo (not --from)")
     backend = _backend(chosen or "docker")
     text = f"starting a {spec.tier} workstation" + (f" with a copy of {repo}" if repo else "")
     with _status(as_json, text):
-        made = _up(backend, name, repo, image, snapshot, chosen is not None, spec, opts)
+        if with_deps and repo is not None:
+            from hybrid import deps
+
+            made = deps.up(backend, repo, spec, image=image, name=name, persistent=True)
+        else:
+            made = _up(backend, name, repo, image, snapshot, chosen is not None, spec, opts)
     info = made.info()
     emit(info, as_json, lambda: click.echo(info.name))
 
@@ -191,6 +206,27 @@ def exec_(
     )
     emit(result, as_json, lambda: render_result(result, streamed=True))
     raise click.exceptions.Exit(exit_code_for(result))
+
+
+@ws.command("deps")
+@click.argument("name")
+@json_option
+def deps_cmd(name: str, as_json: bool) -> None:
+    """What entered a workstation made with --deps: every artifact, pinned, and the layer."""
+    from hybrid import deps
+
+    record = deps.installed(_open(name))
+
+    def render() -> None:
+        manifest = record.manifest
+        hit = "reused" if record.cache_hit else "built"
+        click.echo(
+            f"{record.workstation}: {len(manifest.artifacts)} artifacts from {record.layer} ({hit})"
+        )
+        for artifact in manifest.artifacts:
+            click.echo(f"  {artifact.name} {artifact.version}  sha256:{artifact.sha256}")
+
+    emit(record, as_json, render)
 
 
 @ws.command("shell")

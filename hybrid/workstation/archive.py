@@ -108,7 +108,9 @@ def repo_selection(repo: Path) -> Selection:
     return Listed(paths)
 
 
-def walk(root: Path, select: Selection, follow_root: bool = True) -> Generator[HostEntry, None, None]:
+def walk(
+    root: Path, select: Selection, follow_root: bool = True
+) -> Generator[HostEntry, None, None]:
     """Entries under ``root`` (parents first), never reading through a symlink below it.
 
     ``root`` itself is opened as named when ``follow_root`` (a user's path to a repository);

@@ -30,6 +30,23 @@ PACKAGES = (
     "procps",
     "ca-certificates",
 )
+PROFILES: dict[str, tuple[str, ...]] = {
+    "python": PACKAGES,
+    # Node projects: npm installs a lockfile's packages offline inside (hybrid.deps).
+    "node": (*PACKAGES, "nodejs", "npm"),
+    # Packages that compile (sdists with C extensions) build inside the sandbox.
+    "build": (*PACKAGES, "build-essential", "python3-dev", "pkg-config", "nodejs", "npm"),
+}
+"""Package sets of ``hybrid image bootstrap --profile``, all from Debian."""
+
+
+def profile_tag(profile: str) -> str:
+    """The default tag of a profile's image: the base image for python, ``-PROFILE`` otherwise."""
+    if profile not in PROFILES:
+        raise InvalidInput(f"unknown profile {profile!r}: use one of {', '.join(PROFILES)}")
+    return BASE_IMAGE if profile == "python" else f"{BASE_IMAGE}-{profile}"
+
+
 AGENT_UID = 1000
 _SOURCES_DIRS = (Path("/etc/apt/sources.list.d"), Path("/etc/apt"))
 

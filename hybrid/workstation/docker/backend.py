@@ -14,8 +14,9 @@ from docker import errors
 from docker.types import DriverConfig, LogConfig
 from docker.types import Mount as DockerMount
 
+from hybrid.deps import layers as deps_layers
 from hybrid.errors import PolicyViolation, WorkstationError, WorkstationNotFound
-from hybrid.policy import SandboxSpec, admit, check_input_path
+from hybrid.policy import SandboxSpec, admit, check_input_path, for_workstation
 from hybrid.tiers.container import tier_of
 from hybrid.workstation import disk, state
 from hybrid.workstation.base import GcReport, check_name
@@ -84,7 +85,7 @@ class DockerBackend:
         """
         from hybrid.workstation.images import BASE_IMAGE
 
-        spec = spec or SandboxSpec(tier="docker")
+        spec = spec or for_workstation(SandboxSpec(tier="docker"))
         runtime = runtime_for(spec)
         tier = tier_of(runtime)
         violations = admit(spec, tier)
@@ -133,7 +134,7 @@ class DockerBackend:
                 if labels[LABEL_NETWORK]:
                     self._egress(labels, spec)
                 if (
-                    image_labels.get(LABEL_KIND) not in ("base", "snapshot")
+                    image_labels.get(LABEL_KIND) not in ("base", "snapshot", "deps")
                     or spec.workspace != "/workspace"
                 ):
                     self._own_workspace(image, volume, spec)
@@ -581,6 +582,7 @@ class DockerBackend:
                         _remove_volume(volume["Name"])
                         report.volumes.append(volume["Name"])
             disk_gc(api)
+            deps_layers.gc(api, report)  # untagged dependency layers, stale staging
             for network in api.networks(filters={"label": f"{LABEL_MANAGED}=1"}):
                 attached = api.inspect_network(network["Id"]).get("Containers") or {}
                 if not attached:

@@ -38,7 +38,8 @@ LABEL_NETWORK = "hybrid.network"
 LABEL_DISK = "hybrid.disk"
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A dependency layer's venv and node tools come first (hybrid.deps.layers); absent elsewhere.
+BASE_PATH = "/opt/hybrid/venv/bin:/opt/hybrid/node/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _RUNSC_PIDS_BASE = 64
 _RUNSC_PIDS_PER_TASK = 16
 

@@ -201,7 +201,8 @@ class DockerWorkstation:
                 return (
                     Termination.TIMEOUT,
                     None,
-                    f"wall-clock deadline of {deadline:g}s reached; every process was killed",
+                    f"wall-clock deadline of {deadline:g}s reached; every process was killed "
+                    "(raise it: ws exec --timeout SECONDS, or budget.wall_seconds in the policy)",
                 )
             died = supervisor.died or (code != 0 and not self._alive())
             if not died and self.runtime == "runsc" and (code == 128 or b"containerManager" in err):
