@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from hybrid.errors import PolicyError
 from hybrid.tiers.base import Probe, Tier, TierLimits
 from hybrid.tiers.container import DOCKER, GVISOR
+from hybrid.tiers.microvm import MICROVM
 from hybrid.tiers.python_wasm import PythonWasmTier
 from hybrid.tiers.wasm import WasmTier
 
@@ -21,6 +22,7 @@ REGISTRY: list[Tier] = [
     PythonWasmTier(),
     DOCKER,
     GVISOR,
+    MICROVM,
 ]
 """Every tier, in the order the router tries them (cheapest first)."""
 

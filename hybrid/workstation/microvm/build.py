@@ -34,7 +34,7 @@ from hybrid.errors import EngineUnavailable, WorkstationError
 
 KERNEL_META = "linux-image-amd64"
 """The Debian meta package naming the current generic kernel."""
-MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "crc32c_generic", "ext4", "9pnet_virtio", "9p")
+MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "crc32c_generic", "ext4", "overlay", "9pnet_virtio", "9p")
 """Guest modules to load, dependencies first (their own dependencies are added)."""
 BUSYBOX = Path("/bin/busybox")
 GUEST = Path(__file__).parent / "guest"
@@ -117,7 +117,7 @@ def _kernel_package() -> str:
 
 
 def _kernel(package: str, say: Progress) -> Path:
-    out = cache() / f"kernel-{_digest(package)}"
+    out = cache() / f"kernel-{_digest(package, *MODULES)}"
     if (out / "vmlinux").exists():
         return out
     with _building(out) as tmp:
@@ -205,6 +205,8 @@ def _initramfs(kernel_dir: Path, say: Progress) -> Path:
             ("proc", 0o40755, b""),
             ("sys", 0o40755, b""),
             ("newroot", 0o40755, b""),
+            ("lower", 0o40755, b""),
+            ("upper", 0o40755, b""),
             ("lib", 0o40755, b""),
             ("lib/modules", 0o40755, b""),
             ("bin/busybox", 0o100755, BUSYBOX.read_bytes()),

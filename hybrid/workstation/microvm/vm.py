@@ -31,7 +31,7 @@ from hybrid.errors import EngineUnavailable, WorkstationError
 from hybrid.workstation.microvm.build import Artifacts, cache
 
 QEMU = "qemu-system-x86_64"
-BOOT_SECONDS = 60.0
+BOOT_SECONDS = float(os.environ.get("HYBRID_MICROVM_BOOT_SECONDS", "120"))
 """How long a boot (or restore) may take to a ready agent before it counts as failed."""
 _PR_SET_PDEATHSIG = 1
 
@@ -95,13 +95,16 @@ def argv(
     append = " ".join(
         [
             "console=ttyS0",
-            "quiet",
-            "loglevel=1",
+            *(() if os.environ.get("HYBRID_MICROVM_DEBUG") else ("quiet", "loglevel=1")),
             "panic=-1",
             "reboot=t",
             f"tsc_early_khz={tsc_khz()}",
             "tsc=reliable",
             "no_timer_check",
+            "cryptomgr.notests",
+            "apparmor=0",
+            "audit=0",
+            "8250.nr_uarts=1",
             "i8042.noaux",
             "rdinit=/init",
         ]
@@ -178,7 +181,7 @@ class Machine:
                 (home / stale).unlink()
         if shutil.which(QEMU) is None:
             raise EngineUnavailable("the microvm tier needs QEMU: apt-get install qemu-system-x86")
-        self.process = subprocess.Popen(
+        self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
             argv(artifacts, shape, home, shares, incoming),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -187,7 +190,21 @@ class Machine:
             # A VM made for one call dies with the thread that made it, even on SIGKILL.
             preexec_fn=_die_with_parent if tied else None,
         )
-        (home / "qemu.pid").write_text(str(self.process.pid))
+        self.pid = self.process.pid
+        (home / "qemu.pid").write_text(str(self.pid))
+        self._init_channel()
+
+    @classmethod
+    def attach(cls, home: Path, pid: int) -> Machine:
+        """The machine of a workstation another process started (QEMU ``pid``, still running)."""
+        machine = cls.__new__(cls)
+        machine.home = home
+        machine.process = None
+        machine.pid = pid
+        machine._init_channel()
+        return machine
+
+    def _init_channel(self) -> None:
         self._sock: socket.socket | None = None
         self._replies: dict[int, queue.Queue[dict[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -318,7 +335,17 @@ class Machine:
         os.replace(tmp, target)
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        if self.process is not None:
+            return self.process.poll() is None
+        try:
+            return str(self.home).encode() in Path(f"/proc/{self.pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    def detach(self) -> None:
+        """Leave the VM running (a persistent workstation) and drop the connection."""
+        self._closed = True
+        self._disconnect()
 
     def close(self) -> None:
         """Kill QEMU and reap it (idempotent)."""
@@ -326,9 +353,16 @@ class Machine:
             return
         self._closed = True
         self._disconnect()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait()
+        else:
+            for _ in range(500):
+                if not self.alive():
+                    break
+                time.sleep(0.01)
         for name in ("agent.sock", "qmp.sock", "qemu.pid"):
             with contextlib.suppress(FileNotFoundError):
                 (self.home / name).unlink()
@@ -344,8 +378,9 @@ class Machine:
             self._reader = None
 
     def _check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise WorkstationError(f"QEMU exited with status {self.process.returncode}{self._why()}")
+        if not self.alive():
+            status = self.process.returncode if self.process is not None else "?"
+            raise WorkstationError(f"QEMU exited with status {status}{self._why()}")
 
     def _why(self) -> str:
         for name in ("qemu.log", "console.log"):

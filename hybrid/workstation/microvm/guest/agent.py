@@ -98,6 +98,8 @@ def setup(req):
         os.makedirs(share["path"], exist_ok=True)
         options = "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,nosuid,nodev"
         mount(share["tag"], share["path"], "9p", options + (",ro" if share["ro"] else ""))
+    # The root was an overlay only so the mount points could be made: from now on it is read-only.
+    mount("root", "/", "overlay", "remount,ro")
     os.chdir(req.get("cwd") or "/")
     return {"uid": uid}
 
