@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -221,8 +222,9 @@ class MicrovmWorkstation(LocalWorkstation):
         )
 
     def attach_command(self, program: str = "/bin/bash", *, tty: bool = True) -> AttachCommand:
-        raise WorkstationError(
-            f"{self.name}: a microVM has no interactive shell yet; run commands with `hybrid ws exec`"
+        """No terminal reaches the guest yet: ``program`` runs through the agent, without a tty."""
+        return AttachCommand(
+            [sys.executable, "-m", "hybrid", "ws", "exec", self.name, "--", program], {}
         )
 
     def stop(self) -> None:
