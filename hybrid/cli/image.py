@@ -74,5 +74,7 @@ def microvm(tag: str | None, as_json: bool) -> None:
     """Build the microvm tier's kernel, initramfs and root filesystem (cached by their inputs)."""
     from hybrid.workstation.microvm import build
 
-    made = build.build(tag, on_progress=None if as_json else lambda line: click.echo(line, err=True))
+    made = build.build(
+        tag, on_progress=None if as_json else lambda line: click.echo(line, err=True)
+    )
     emit(made, as_json, lambda: click.echo(f"microvm artifacts {made.key} ({made.kernel_package})"))

@@ -60,7 +60,9 @@ class MicrovmTier:
         from hybrid.workstation.microvm import build, vm
 
         if shutil.which(vm.QEMU) is None:
-            return Probe(False, "QEMU is not installed", "apt-get install -y qemu-system-x86 busybox-static")
+            return Probe(
+                False, "QEMU is not installed", "apt-get install -y qemu-system-x86 busybox-static"
+            )
         accelerator, why = vm.accel()
         artifacts = build.built()
         if artifacts is None:
@@ -73,7 +75,11 @@ class MicrovmTier:
         if deep:
             failure = _smoke()
             if failure:
-                return Probe(False, f"{detail}; {failure}", f"rebuild: {BUILD} --force; see the VM's console.log")
+                return Probe(
+                    False,
+                    f"{detail}; {failure}",
+                    f"rebuild: {BUILD} --force; see the VM's console.log",
+                )
             detail += "; a microVM ran"
         return Probe(True, detail)
 

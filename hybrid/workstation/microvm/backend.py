@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, WorkstationNotFound
@@ -36,7 +36,13 @@ from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.workstation import disk
-from hybrid.workstation.base import AttachCommand, GcReport, OutputCallback, WorkstationInfo, check_name
+from hybrid.workstation.base import (
+    AttachCommand,
+    GcReport,
+    OutputCallback,
+    WorkstationInfo,
+    check_name,
+)
 from hybrid.workstation.local import LocalWorkstation
 from hybrid.workstation.microvm import build, vm
 
@@ -166,17 +172,27 @@ class MicrovmWorkstation(LocalWorkstation):
             detail=detail,
         )
 
-    def _classify(self, end: dict[str, Any], deadline: float) -> tuple[Termination, int | None, str]:
+    def _classify(
+        self, end: dict[str, Any], deadline: float
+    ) -> tuple[Termination, int | None, str]:
         if end.get("lost") or end.get("gone"):
             # The guest stopped answering: the VM is ended so nothing runs on unsupervised.
             self._kill_machine()
-            return Termination.TIMEOUT, None, f"the microVM did not answer by the {deadline:g} s deadline; it was stopped"
+            return (
+                Termination.TIMEOUT,
+                None,
+                f"the microVM did not answer by the {deadline:g} s deadline; it was stopped",
+            )
         if "error" in end:
             return Termination.ERROR, None, f"microVM agent: {end['error']}"[:300]
         if end.get("timed_out"):
             return Termination.TIMEOUT, None, f"killed at the {deadline:g} s deadline"
         if end.get("oom"):
-            return Termination.OUT_OF_MEMORY, None, f"over the memory budget of {self.spec.budget.memory} bytes"
+            return (
+                Termination.OUT_OF_MEMORY,
+                None,
+                f"over the memory budget of {self.spec.budget.memory} bytes",
+            )
         if end.get("signal"):
             return Termination.ERROR, None, f"killed by signal {end['signal']}"
         code = end.get("code")
@@ -209,7 +225,9 @@ class MicrovmWorkstation(LocalWorkstation):
     # -- state ------------------------------------------------------------------------------
 
     def info(self) -> WorkstationInfo:
-        running = self._machine is not None and self._machine.alive() or _pid_of(self._home) is not None
+        running = (self._machine is not None and self._machine.alive()) or _pid_of(
+            self._home
+        ) is not None
         return WorkstationInfo(
             name=self.name,
             id=self.id,

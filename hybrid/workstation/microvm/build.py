@@ -34,7 +34,16 @@ from hybrid.errors import EngineUnavailable, WorkstationError
 
 KERNEL_META = "linux-image-amd64"
 """The Debian meta package naming the current generic kernel."""
-MODULES = ("virtio_mmio", "virtio_blk", "virtio_console", "crc32c_generic", "ext4", "overlay", "9pnet_virtio", "9p")
+MODULES = (
+    "virtio_mmio",
+    "virtio_blk",
+    "virtio_console",
+    "crc32c_generic",
+    "ext4",
+    "overlay",
+    "9pnet_virtio",
+    "9p",
+)
 """Guest modules to load, dependencies first (their own dependencies are added)."""
 BUSYBOX = Path("/bin/busybox")
 GUEST = Path(__file__).parent / "guest"
@@ -190,10 +199,15 @@ def _depends(module: Path) -> list[str]:
 
 def _initramfs(kernel_dir: Path, say: Progress) -> Path:
     if not BUSYBOX.is_file():
-        raise EngineUnavailable("the microvm initramfs needs busybox: apt-get install busybox-static")
+        raise EngineUnavailable(
+            "the microvm initramfs needs busybox: apt-get install busybox-static"
+        )
     init = (GUEST / "init").read_bytes()
     agent = (GUEST / "agent.py").read_bytes()
-    out = cache() / f"initramfs-{_digest(kernel_dir.name, _hash(BUSYBOX.read_bytes()), _hash(init), _hash(agent))}"
+    out = (
+        cache()
+        / f"initramfs-{_digest(kernel_dir.name, _hash(BUSYBOX.read_bytes()), _hash(init), _hash(agent))}"
+    )
     target = out / "initramfs.cpio"
     if target.exists():
         return target
@@ -255,7 +269,9 @@ def _rootfs(image: str | None, say: Progress) -> Path:
     if target.exists():
         return target
     if shutil.which("mkfs.ext4") is None:
-        raise EngineUnavailable("the microvm root filesystem needs mkfs.ext4 (apt-get install e2fsprogs)")
+        raise EngineUnavailable(
+            "the microvm root filesystem needs mkfs.ext4 (apt-get install e2fsprogs)"
+        )
     with _building(out) as tmp:
         say(f"exporting {tag}")
         tree = tmp / "tree"
@@ -290,7 +306,18 @@ def _rootfs(image: str | None, say: Progress) -> Path:
         with open(tmp / "rootfs.ext4", "wb") as handle:
             handle.truncate(size)
         _run(
-            ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "hybrid-root", "-d", str(tree), str(tmp / "rootfs.ext4")],
+            [
+                "mkfs.ext4",
+                "-q",
+                "-F",
+                "-O",
+                "^has_journal",
+                "-L",
+                "hybrid-root",
+                "-d",
+                str(tree),
+                str(tmp / "rootfs.ext4"),
+            ],
             "writing the root filesystem",
         )
         shutil.rmtree(tree)

@@ -239,7 +239,9 @@ class Machine:
                 return
             self._check_alive()
             if time.monotonic() > until:
-                raise WorkstationError(f"the microVM's agent did not answer in {timeout:g} s{self._why()}")
+                raise WorkstationError(
+                    f"the microVM's agent did not answer in {timeout:g} s{self._why()}"
+                )
 
     def call(self, request: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
         """One request and its single reply (TimeoutError when none comes)."""
@@ -292,7 +294,9 @@ class Machine:
             try:
                 self._sock.sendall(data)
             except OSError as exc:
-                raise WorkstationError(f"the microVM's agent is gone ({exc.strerror}){self._why()}") from None
+                raise WorkstationError(
+                    f"the microVM's agent is gone ({exc.strerror}){self._why()}"
+                ) from None
 
     def _read(self) -> None:
         assert self._sock is not None
@@ -463,7 +467,9 @@ class Output:
 
     limit: int
     on_output: Callable[[str, bytes], None] | None
-    kept: dict[str, bytearray] = field(default_factory=lambda: {"stdout": bytearray(), "stderr": bytearray()})
+    kept: dict[str, bytearray] = field(
+        default_factory=lambda: {"stdout": bytearray(), "stderr": bytearray()}
+    )
     cut: dict[str, bool] = field(default_factory=lambda: {"stdout": False, "stderr": False})
 
     def add(self, kind: str, data: str) -> None:

@@ -8,6 +8,7 @@ Standard library only: it runs on the guest's python3 with -I -S.
 """
 
 import base64
+import contextlib
 import json
 import os
 import select
@@ -107,17 +108,13 @@ def setup(req):
 def set_clock(now):
     # A VM restored from a snapshot wakes with the snapshot's time: the host's wins.
     if abs(time.time() - now) > 0.5:
-        try:
+        with contextlib.suppress(OSError):
             time.clock_settime(time.CLOCK_REALTIME, now)
-        except OSError:
-            pass
 
 
 def kill(cgroup):
-    try:
+    with contextlib.suppress(OSError):
         write(cgroup + "/cgroup.kill", "1")
-    except OSError:
-        pass
 
 
 def run(req):
@@ -160,7 +157,17 @@ def run(req):
         os.rmdir(cgroup)
         message = f"{req['cwd']}: {exc.strerror}\n"
         send({"id": ident, "stream": "stderr", "data": base64.b64encode(message.encode()).decode()})
-        send({"id": ident, "end": True, "code": 127, "signal": None, "timed_out": False, "oom": False, "cut": []})
+        send(
+            {
+                "id": ident,
+                "end": True,
+                "code": 127,
+                "signal": None,
+                "timed_out": False,
+                "oom": False,
+                "cut": [],
+            }
+        )
         return
     _running[ident] = cgroup
     cut = []
@@ -207,10 +214,8 @@ def run(req):
     except OSError:
         pass
     _running.pop(ident, None)
-    try:
-        os.rmdir(cgroup)
-    except OSError:
-        pass  # background processes it left keep it (stop() ends them)
+    with contextlib.suppress(OSError):
+        os.rmdir(cgroup)  # background processes it left keep it (stop() ends them)
     code = signal_ = None
     if status is not None:
         if os.WIFEXITED(status):
