@@ -74,6 +74,17 @@ def require_runtime(engine) -> Callable[[str], str]:  # type: ignore[no-untyped-
 
 
 @pytest.fixture(scope="session")
+def bwrap_backend():  # type: ignore[no-untyped-def]
+    """The bwrap backend, once the tier's probe passes (bubblewrap, root, cgroups, seccomp)."""
+    from hybrid.tiers.bwrap import BWRAP
+
+    found = BWRAP.probe()
+    if not found.available:
+        _missing(f"the bwrap tier is unavailable: {found.detail} ({found.fix})")
+    return BWRAP.backend()
+
+
+@pytest.fixture(scope="session")
 def microvm():  # type: ignore[no-untyped-def]
     """The microVM backend, once QEMU and its artifacts are there (``hybrid image microvm``);
     a skip when absent, a failure under HYBRID_REQUIRE_ENGINE=1."""

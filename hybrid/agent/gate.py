@@ -205,7 +205,8 @@ def gate(
         else:
             checks.append(GateCheck(name="related tests", passed=True, detail="none found"))
     say("workstation: copying the repository in")
-    with backend().create(spec or DEFAULT_SPEC, image=image, repo=repo) as ws:
+    spec = spec or DEFAULT_SPEC
+    with backend(spec.tier).create(spec, image=image, repo=repo) as ws:
         say("applying the patch and running the tests")
         checks += run_in(ws, patch, commands)
         for check in checks:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from hybrid.errors import PolicyError
 from hybrid.tiers.base import Probe, Tier, TierLimits
+from hybrid.tiers.bwrap import BWRAP
 from hybrid.tiers.container import DOCKER, GVISOR
 from hybrid.tiers.microvm import MICROVM
 from hybrid.tiers.python_wasm import PythonWasmTier
@@ -20,6 +21,7 @@ from hybrid.tiers.wasm import WasmTier
 REGISTRY: list[Tier] = [
     WasmTier(),
     PythonWasmTier(),
+    BWRAP,
     DOCKER,
     GVISOR,
     MICROVM,

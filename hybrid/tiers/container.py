@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
     from hybrid.results import ExecutionResult
     from hybrid.router import Job
+    from hybrid.workstation.docker import DockerBackend
 
 ENGINE_SCRIPT = "scripts/engine.sh"
 ONE_SHOT_SETUP_SECONDS = 30.0
@@ -161,6 +162,11 @@ class ContainerTier:
             if not job.command:
                 raise InvalidInput("nothing to run (give a command or a Python snippet)")
             return ws.exec(job.command, on_output=on_output)
+
+    def backend(self) -> DockerBackend:
+        from hybrid.workstation.docker import DockerBackend
+
+        return DockerBackend()  # one backend for every runtime: create() picks it from the spec
 
 
 def container_tiers() -> list[ContainerTier]:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
     from hybrid.results import ExecutionResult
     from hybrid.router import Job
+    from hybrid.workstation.microvm import MicrovmBackend
 
 BUILD = "hybrid image microvm"
 EGRESS_REFUSAL = (
@@ -83,15 +84,19 @@ class MicrovmTier:
             detail += "; a microVM ran"
         return Probe(True, detail)
 
+    def backend(self) -> MicrovmBackend:
+        from hybrid.workstation.microvm import MicrovmBackend
+
+        return MicrovmBackend()
+
     def run(
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None
     ) -> ExecutionResult:
         from hybrid.errors import InvalidInput
-        from hybrid.workstation.microvm import MicrovmBackend
 
         _reap_once()
         snippet = job.snippet()
-        with MicrovmBackend().create(spec, repo=job.repo) as ws:
+        with self.backend().create(spec, repo=job.repo) as ws:
             if snippet is not None and not job.command:
                 source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
                 ws.put(source.encode(), ".hybrid-job.py")
