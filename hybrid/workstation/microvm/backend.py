@@ -23,6 +23,8 @@ import secrets
 import shutil
 import signal
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -35,7 +37,7 @@ from hybrid.owner import start_time
 from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
-from hybrid.workstation import disk
+from hybrid.workstation import archive, disk
 from hybrid.workstation.base import (
     AttachCommand,
     GcReport,
@@ -211,8 +213,28 @@ class MicrovmWorkstation(LocalWorkstation):
         _own(target)
 
     def copy_repo(self, repo: Path) -> None:
-        super().copy_repo(repo)
-        _own(self.workspace_dir)
+        """Copy a repository's working tree in (as every backend selects it) and record it.
+
+        Every symlink is carried as it is, absolute ones included: they resolve inside the
+        guest, and the host side never follows one (``_host``)."""
+        if not Path(repo).is_dir():
+            raise InvalidInput(f"{repo}: not a directory")
+        recorder = self._baseline().recorder()
+        owner = (GUEST_UID, GUEST_UID)
+        with tempfile.TemporaryFile() as buffer:
+            with tarfile.open(fileobj=buffer, mode="w") as tar:
+                entries = archive.walk(Path(repo), archive.repo_selection(Path(repo)))
+                for entry in archive.pack(tar, entries, "", owner, recorder):
+                    info = tarfile.TarInfo(entry.path)
+                    info.type, info.linkname = tarfile.SYMTYPE, entry.target
+                    info.uid, info.gid = owner
+                    tar.addfile(info)
+            buffer.seek(0)
+            # Our own archive of the host's files into a fresh workspace the guest has not
+            # touched yet (it boots after the copy): nothing there to write through.
+            with tarfile.open(fileobj=buffer, mode="r:") as tar:
+                tar.extractall(self.workspace_dir, filter="fully_trusted", numeric_owner=True)
+        recorder.commit()
 
     def _host(self, path: str) -> Path:
         found = super()._host(path)
