@@ -105,6 +105,38 @@ def setup(req):
     return {"uid": uid}
 
 
+THRASH_WINDOW = 2.0
+"""Seconds over which a job fully stalled on memory more than half the time counts as out of it."""
+
+
+def supervise(pid, cgroup, until):
+    """Wait for ``pid`` until ``until``; (status or None, thrashed).
+
+    At its memory limit a job without swap can spend minutes reclaiming its own program's pages
+    before the kernel's OOM killer acts (far longer under emulation), so a job that stalls on
+    memory most of the time (PSI ``full``) is ended here as out of memory, as systemd-oomd does.
+    """
+    samples = []
+    while True:
+        status = wait_pid(pid, min(until, time.monotonic() + 0.25))
+        if status is not None or time.monotonic() >= until:
+            return status, False
+        try:
+            with open(cgroup + "/memory.pressure") as handle:
+                full = next(line for line in handle if line.startswith("full"))
+            stalled = int(full.rsplit("total=", 1)[1]) / 1e6
+        except (OSError, StopIteration, ValueError):
+            continue
+        now = time.monotonic()
+        samples.append((now, stalled))
+        while samples and samples[0][0] < now - THRASH_WINDOW:
+            samples.pop(0)
+        span = now - samples[0][0]
+        if span >= THRASH_WINDOW * 0.75 and stalled - samples[0][1] > span / 2:
+            kill(cgroup)
+            return wait_pid(pid, time.monotonic() + 10), True
+
+
 def set_clock(now):
     # A VM restored from a snapshot wakes with the snapshot's time: the host's wins.
     if abs(time.time() - now) > 0.5:
@@ -195,8 +227,8 @@ def run(req):
     ]
     for reader in readers:
         reader.start()
-    status = wait_pid(child.pid, until)
-    timed_out = status is None
+    status, thrashed = supervise(child.pid, cgroup, until)
+    timed_out = status is None and not thrashed
     for reader in readers:
         reader.join(max(until - time.monotonic(), 0))
         if reader.is_alive():
@@ -207,10 +239,12 @@ def run(req):
             status = wait_pid(child.pid, time.monotonic() + 10)
         for reader in readers:
             reader.join(10)
-    oom = False
+    oom = thrashed
     try:
         with open(cgroup + "/memory.events") as handle:
-            oom = any(line.split()[0] == "oom_kill" and line.split()[1] != "0" for line in handle)
+            oom = oom or any(
+                line.split()[0] == "oom_kill" and line.split()[1] != "0" for line in handle
+            )
     except OSError:
         pass
     _running.pop(ident, None)
