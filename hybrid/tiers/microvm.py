@@ -111,7 +111,7 @@ def _smoke() -> str:
     from hybrid.workstation.microvm import MicrovmBackend
 
     try:
-        with MicrovmBackend().create(SandboxSpec(tier="microvm")) as ws:  # type: ignore[arg-type]
+        with MicrovmBackend().create(SandboxSpec(tier="microvm")) as ws:
             result = ws.exec("true", timeout=60)
             return "" if result.ok else f"`true` ended {result.termination.value}: {result.detail}"
     except Exception as exc:  # a probe never raises: the failure is its answer

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,7 +260,9 @@ class Machine:
             raise WorkstationError(f"the microVM stopped{self._why()}")
         return reply
 
-    def stream(self, request: dict[str, Any], until: float) -> Iterator[dict[str, Any]]:
+    def stream(
+        self, request: dict[str, Any], until: float
+    ) -> Generator[dict[str, Any], None, None]:
         """Send ``request`` and yield its messages up to and including the one with ``end``."""
         ident, replies = self._open()
         try:

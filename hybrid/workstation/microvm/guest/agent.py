@@ -22,7 +22,7 @@ JOBS = "/sys/fs/cgroup/jobs"
 SETPRIV = "/usr/bin/setpriv"
 
 _out = threading.Lock()
-_statuses = {}
+_statuses: dict[int, int] = {}
 _reaped = threading.Condition()
 _port = -1
 _counter = [0]
@@ -270,7 +270,7 @@ def run(req):
     )
 
 
-_running = {}
+_running: dict[int, str] = {}
 
 
 def kill_all():
