@@ -6,7 +6,8 @@ Jobs
   pytest   `pytest -q` on a small real project (the more-itertools sdist from PyPI, ~660 tests)
 
 Tiers (each job runs where it can): wasm (built-in check), python-wasm (CPython in WASM),
-bwrap (bubblewrap sandbox), docker (runc workstation), gvisor (runsc workstation), and host: the same command with the
+bwrap (bubblewrap sandbox), docker (runc workstation), gvisor (runsc workstation), microvm (QEMU;
+csv and func only), and host: the same command with the
 same interpreter and pytest (the base image's root filesystem, entered with chroot) and no
 sandbox, the baseline the ratios divide by.
 
@@ -486,9 +487,112 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                         "limit_ratio": 1.3 if tier == "docker" else None,
                     },
                 ]
+        if tiers.get("microvm", (False, ""))[0]:
+            progress.update(task, description="microvm: boot, snapshot, csv, func")
+            microvm_rows(add, targets, runs, data)
     host.close()
     shutil.rmtree(workdir, ignore_errors=True)
     return rows, targets
+
+
+def microvm_rows(
+    add: Callable[[str, str, list[float], list[float]], None],
+    targets: list[dict[str, Any]],
+    runs: int,
+    data: bytes,
+) -> None:
+    """microvm: csv and func cold (a VM from its template, inputs in, run, remove) and warm (exec
+    in a running VM); targets: a cold boot to the first command, a start from the template
+    snapshot to the first command, and exec in a running VM. pytest is left out: guest code
+    runs ~15x slower under TCG, so a 660-test run takes minutes."""
+    from hybrid.workstation.microvm import MicrovmBackend, build, vm
+    from hybrid.workstation.microvm.backend import shape_of
+
+    b = MicrovmBackend()
+    spec = SandboxSpec(tier="microvm", budget=Budget(wall_seconds=600, memory="512M", pids=256))
+    inputs = {
+        "csv": ({"data.csv": data, "check.py": CSV_SCRIPT.encode()}, "python3 check.py", "ok 5000"),
+        "func": ({"func.py": (FUNC_SOURCE + FUNC_TESTS).encode()}, "python3 func.py", ""),
+    }
+
+    def cold(files: dict[str, bytes], command: str, check: str) -> Callable[[], None]:
+        def go() -> None:
+            with b.create(spec) as ws:
+                for name, blob in files.items():
+                    ws.put(blob, name)
+                result = ws.exec(command)
+                expect(result.ok and check in result.stdout, f"microvm: {command}: {result.detail}")
+
+        return go
+
+    colds = {job: [timed(cold(*inputs[job])) for _ in range(max(3, runs // 2))] for job in inputs}
+    with b.create(spec) as ws:
+        for files, _command, _check in inputs.values():
+            for name, blob in files.items():
+                ws.put(blob, name)
+        for job, (_files, command, check) in inputs.items():
+            warm = [
+                timed(lambda c=command, k=check: expect(k in ws.exec(c).stdout, c))
+                for _ in range(runs)
+            ]
+            add(job, "microvm", colds[job], warm)
+        execs = stats([timed(lambda: ws.exec(["true"])) for _ in range(runs)])
+
+    artifacts = build.built()
+    assert artifacts is not None
+    hardened = SandboxSpec(tier="microvm")
+    shape = shape_of(hardened)
+
+    def boot(snapshot: Path | None) -> float:
+        home = Path(tempfile.mkdtemp(prefix="hybrid-bench-vm-"))
+        started = time.perf_counter()
+        machine = vm.Machine(
+            artifacts, shape, home, [vm.Share("s0", home, "", False)], incoming=snapshot
+        )
+        try:
+            machine.connect()
+            first = machine.stream(
+                {
+                    "op": "exec",
+                    "argv": ["true"],
+                    "env": {},
+                    "cwd": "/",
+                    "timeout": 60,
+                    "limit": 1024,
+                    "uid": 1000,
+                },
+                time.monotonic() + 120,
+            )
+            expect(any(m.get("code") == 0 for m in first), "first command in a booted VM")
+            return (time.perf_counter() - started) * 1000
+        finally:
+            machine.close()
+            shutil.rmtree(home, ignore_errors=True)
+
+    template = vm.template(artifacts, shape)
+    accelerator = vm.accel()[0]
+    boots = stats([boot(None) for _ in range(max(3, runs // 3))])
+    restores = stats([boot(template) for _ in range(max(3, runs // 2))])
+    targets += [
+        {
+            "target": f"microvm cold boot to first command ({accelerator})",
+            "p50_ms": boots["p50"],
+            "p95_ms": boots["p95"],
+            "limit": 2500.0 if accelerator == "tcg" else 300.0,
+        },
+        {
+            "target": f"microvm from its snapshot to first command ({accelerator})",
+            "p50_ms": restores["p50"],
+            "p95_ms": restores["p95"],
+            "limit": 1000.0,
+        },
+        {
+            "target": f"exec in a running microVM ({accelerator})",
+            "p50_ms": execs["p50"],
+            "p95_ms": execs["p95"],
+            "limit": None,
+        },
+    ]
 
 
 def render(rows: list[dict[str, Any]], targets: list[dict[str, Any]], note: str) -> None:
@@ -509,7 +613,10 @@ def render(rows: list[dict[str, Any]], targets: list[dict[str, Any]], note: str)
         )
     host = {r["job"]: r["warm"]["p50"] for r in rows if r["tier"] == "host"}
     order = {
-        t: i for i, t in enumerate(("wasm", "python-wasm", "bwrap", "docker", "gvisor", "host"))
+        t: i
+        for i, t in enumerate(
+            ("wasm", "python-wasm", "bwrap", "docker", "gvisor", "microvm", "host")
+        )
     }
     for row in sorted(
         rows, key=lambda r: (("csv", "func", "pytest").index(r["job"]), order[r["tier"]])

@@ -85,6 +85,19 @@ def bwrap_backend():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def microvm():  # type: ignore[no-untyped-def]
+    """The microVM backend, once QEMU and its artifacts are there (``hybrid image microvm``);
+    a skip when absent, a failure under HYBRID_REQUIRE_ENGINE=1."""
+    from hybrid.tiers.microvm import MICROVM
+    from hybrid.workstation.microvm import MicrovmBackend
+
+    found = MICROVM.probe()
+    if not found.available:
+        _missing(f"the microvm tier is unavailable: {found.detail} ({found.fix})")
+    return MicrovmBackend()
+
+
+@pytest.fixture(scope="session")
 def probe() -> Path:
     """The containment probe (tests/wasm/probe.rs) built for wasm32-wasi, cached by source hash."""
     digest = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()[:16]

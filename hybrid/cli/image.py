@@ -79,3 +79,16 @@ def show(tag: str | None, as_json: bool) -> None:
         as_json,
         lambda: click.echo(f"{info.tag} {info.id[7:19]} {info.size_bytes // 1024**2} MB"),
     )
+
+
+@image.command("microvm")
+@click.option("--tag", help="Image the root filesystem comes from (default: the base image).")
+@json_option
+def microvm(tag: str | None, as_json: bool) -> None:
+    """Build the microvm tier's kernel, initramfs and root filesystem (cached by their inputs)."""
+    from hybrid.workstation.microvm import build
+
+    made = build.build(
+        tag, on_progress=None if as_json else lambda line: click.echo(line, err=True)
+    )
+    emit(made, as_json, lambda: click.echo(f"microvm artifacts {made.key} ({made.kernel_package})"))

@@ -14,6 +14,7 @@ from hybrid.errors import PolicyError
 from hybrid.tiers.base import Probe, Tier, TierLimits
 from hybrid.tiers.bwrap import BWRAP
 from hybrid.tiers.container import DOCKER, GVISOR
+from hybrid.tiers.microvm import MICROVM
 from hybrid.tiers.python_wasm import PythonWasmTier
 from hybrid.tiers.wasm import WasmTier
 
@@ -23,6 +24,7 @@ REGISTRY: list[Tier] = [
     BWRAP,
     DOCKER,
     GVISOR,
+    MICROVM,
 ]
 """Every tier, in the order the router tries them (cheapest first)."""
 

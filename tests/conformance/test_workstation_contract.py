@@ -1,5 +1,5 @@
 """The workstation contract, run against every backend this host can run: local (host
-processes, not a sandbox), bwrap, docker with runc and docker with runsc. Everything goes through the
+processes, not a sandbox), bwrap, docker with runc, docker with runsc and QEMU microVMs. Everything goes through the
 protocols in hybrid.workstation.base only (Backend, Workstation, and Snapshots where the
 backend has it), so a new backend is conformant when it passes this module unchanged.
 
@@ -35,8 +35,8 @@ from hybrid.workstation import (
 
 pytestmark = pytest.mark.timeout(300)
 
-BACKENDS = ["local", "bwrap", *(t.runtime for t in container_tiers())]
-"""local, bwrap, then one Docker backend per container tier's runtime (runc, runsc)."""
+BACKENDS = ["local", "bwrap", *(t.runtime for t in container_tiers()), "microvm"]
+"""local, bwrap, one Docker backend per container tier's runtime (runc, runsc), QEMU microVMs."""
 
 
 class Host:
@@ -62,6 +62,8 @@ def host(request: pytest.FixtureRequest) -> Host:
         return Host(make_backend("local"), "auto")
     if request.param == "bwrap":
         return Host(request.getfixturevalue("bwrap_backend"), "bwrap")
+    if request.param == "microvm":
+        return Host(request.getfixturevalue("microvm"), "microvm")
     tier = next(t.name for t in container_tiers() if t.runtime == request.param)
     engine = request.getfixturevalue("engine")
     request.getfixturevalue("require_runtime")(tier)

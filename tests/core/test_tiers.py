@@ -65,10 +65,10 @@ def fake() -> Iterator[Tier]:
 
 
 def test_the_registry_is_ordered_cheapest_first_and_every_entry_is_a_tier():
-    assert tiers.names() == ("wasm", "python-wasm", "bwrap", "docker", "gvisor")
+    assert tiers.names() == ("wasm", "python-wasm", "bwrap", "docker", "gvisor", "microvm")
     assert all(isinstance(t, Tier) for t in tiers.all_tiers())
     with pytest.raises(
-        PolicyError, match=r"unknown tier 'nope' \(use wasm, python-wasm, bwrap, docker or gvisor\)"
+        PolicyError, match=r"unknown tier 'nope' \(use wasm, python-wasm, bwrap, docker, gvisor or microvm\)"
     ):
         tiers.get("nope")
 
@@ -116,7 +116,7 @@ def test_a_registered_tier_sets_admits_limits_and_minimums(fake: Tier):
 def test_an_unregistered_tier_is_refused_everywhere():
     with pytest.raises(
         PolicyError,
-        match="tier: Input should be 'auto', 'wasm', 'python-wasm', 'bwrap', 'docker' or 'gvisor'",
+        match="tier: Input should be 'auto', 'wasm', 'python-wasm', 'bwrap', 'docker', 'gvisor' or 'microvm'",
     ):
         SandboxSpec.from_dict({"tier": "fake"})
     with pytest.raises(PolicyError, match="unknown tier 'fake'"):
@@ -126,9 +126,9 @@ def test_an_unregistered_tier_is_refused_everywhere():
 def test_a_registered_tier_is_in_the_cli(fake: Tier, hybrid_cli, monkeypatch, tmp_path: Path):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(router, "_probed", {})  # probe again, the fake included
     code, out, _ = hybrid_cli("run", "--help")
-    assert code == 0 and "[auto|wasm|python-wasm|fake|bwrap|docker|gvisor]" in out
+    assert code == 0 and "[auto|wasm|python-wasm|fake|bwrap|docker|gvisor|microvm]" in out
     code, out, _ = hybrid_cli("policy", "check", "--help")
-    assert code == 0 and "[wasm|python-wasm|fake|bwrap|docker|gvisor]" in out
+    assert code == 0 and "[wasm|python-wasm|fake|bwrap|docker|gvisor|microvm]" in out
 
     code, out, err = hybrid_cli("route", "--json", "--", "true")
     assert code == 0, err
@@ -171,6 +171,7 @@ def test_a_registered_tier_is_attacked_by_the_hostile_suite(fake: Tier):
         "bwrap",
         "docker",
         "gvisor",
+        "microvm",
         "workstation",
     ]
 
@@ -212,6 +213,7 @@ def test_a_tier_names_its_workstation_backend_and_the_cli_finds_its_workstations
         assert [type(b).__name__ for b in workstation.backends()] == [
             "BwrapBackend",
             "DockerBackend",
+            "MicrovmBackend",
             "LocalBackend",
         ]
         code, out, err = hybrid_cli("ws", "up", "w1", "--tier", "fake-ws")
