@@ -66,7 +66,7 @@ Slim = tuple[str, list[str], dict[str, int], list[str], dict[str, int], int, str
 
 # An unresolved reference to a name defined under more qualified names than this is spread
 # over all of them only up to this many; beyond, it says little and would multiply edges.
-MAX_FANOUT = 8
+MAX_FANOUT = 4
 
 
 def qualified(name: str, scope: str) -> str:
@@ -96,6 +96,14 @@ def names_index(graph: GraphData) -> dict[str, list[int]]:
     return got
 
 
+def _keys_by_name(keys: list[str], sym_id: dict[str, int]) -> dict[str, list[int]]:
+    """Symbol ids of ``keys`` (sorted), grouped by their bare name."""
+    out: dict[str, list[int]] = {}
+    for key in keys:
+        out.setdefault(bare(key), []).append(sym_id[key])
+    return out
+
+
 def build_graph(files: dict[str, Slim]) -> GraphData:
     """Build the file/symbol graph and the BM25 statistics from every file's ``Slim``.
 
@@ -106,16 +114,22 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
     file_id = {p: i for i, p in enumerate(paths)}
     n = len(paths)
     definers: dict[str, list[int]] = {}
-    name_files: dict[str, set[int]] = {}
     for i, p in enumerate(paths):
         for key in files[p][1]:
             definers.setdefault(key, []).append(i)
-            name_files.setdefault(bare(key), set()).add(i)
     symbols = sorted(definers)
+    sym_id = {key: j for j, key in enumerate(symbols)}
     by_name: dict[str, list[int]] = {}
     for j, key in enumerate(symbols):
         by_name.setdefault(bare(key), []).append(j)
-    name_weight = {name: _ref_weight(name, len(ids)) for name, ids in name_files.items()}
+    name_weight = {}
+    for name, ids in by_name.items():
+        n_files = (
+            len(definers[symbols[ids[0]]])
+            if len(ids) == 1
+            else len({i for j in ids for i in definers[symbols[j]]})
+        )
+        name_weight[name] = _ref_weight(name, n_files)
 
     src = array("i")
     dst = array("i")
@@ -142,19 +156,26 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
     doc_len = array("d")
     sqrt = math.sqrt
     for i, p in enumerate(paths):
-        _lang, _names, refs, _specs, tf, _n, _err = files[p]
-        imported = set(imports[i])
+        _lang, own, refs, _specs, tf, _n, _err = files[p]
+        imported = imports[i]
+        mine: dict[str, list[int]] | None = None  # name -> this file's keys, on first need
+        seen: dict[str, list[int]] | None = None  # ... and those of the files it imports
         # references: file -> symbol (dict order is the parse order: deterministic)
         for name, count in refs.items():
             ids = by_name.get(name)
             if ids is None:
                 continue
             if len(ids) > 1:
-                ids = (
-                    [j for j in ids if i in definers[symbols[j]]]
-                    or [j for j in ids if any(t in imported for t in definers[symbols[j]])]
-                    or (ids if len(ids) <= MAX_FANOUT else [])
-                )
+                if mine is None:
+                    mine = _keys_by_name(own, sym_id)
+                local = mine.get(name)
+                if local is None:
+                    if seen is None:
+                        seen = _keys_by_name(
+                            sorted({k for t in imported for k in files[paths[t]][1]}), sym_id
+                        )
+                    local = seen.get(name)
+                ids = local or (ids if len(ids) <= MAX_FANOUT else [])
             w = sqrt(count) * name_weight[name] / max(1, len(ids))
             for j in ids:
                 src.append(i)
