@@ -17,7 +17,7 @@ from typing import Any
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 12
+SCHEMA = 13
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 

@@ -59,30 +59,77 @@ def path_terms(path: str) -> list[str]:
     return terms(path.replace("/", " ").replace(".", " ").replace("-", " "))
 
 
-# What the graph needs of one file: (lang, defined names, references, import specs,
-# BM25 terms, number of definitions, error). Kept next to the graph so that a rebuild after
-# a small change reads only the changed files' payloads.
+# What the graph needs of one file: (lang, defined names (qualified: ``Class.method``),
+# references, import specs, BM25 terms, number of definitions, error). Kept next to the
+# graph so that a rebuild after a small change reads only the changed files' payloads.
 Slim = tuple[str, list[str], dict[str, int], list[str], dict[str, int], int, str]
+
+# An unresolved reference to a name defined under more qualified names than this is spread
+# over all of them only up to this many; beyond, it says little and would multiply edges.
+MAX_FANOUT = 4
+
+
+def qualified(name: str, scope: str) -> str:
+    """The graph key of a definition: ``Scope.name``, or the bare name at top level."""
+    return f"{scope}.{name}" if scope else name
+
+
+def bare(key: str) -> str:
+    """The name of a graph key (``Session.send`` -> ``send``)."""
+    return key.rpartition(".")[2]
 
 
 def slim(payload: Payload) -> Slim:
     """The part of a file's tags that the graph is built from."""
     lang, defs, refs, specs, tf, error = payload
-    return (lang, sorted({d[0] for d in defs}), refs, specs, tf, len(defs), error)
+    return (lang, sorted({qualified(d[0], d[5]) for d in defs}), refs, specs, tf, len(defs), error)
+
+
+def names_index(graph: GraphData) -> dict[str, list[int]]:
+    """Bare name -> ids (into ``graph["symbols"]``) of the definitions with that name."""
+    got = graph.get("_names")
+    if got is None:
+        got = {}
+        for j, key in enumerate(graph["symbols"]):
+            got.setdefault(bare(key), []).append(j)
+        graph["_names"] = got
+    return got
+
+
+def _keys_by_name(keys: list[str], sym_id: dict[str, int]) -> dict[str, list[int]]:
+    """Symbol ids of ``keys`` (sorted), grouped by their bare name."""
+    out: dict[str, list[int]] = {}
+    for key in keys:
+        out.setdefault(bare(key), []).append(sym_id[key])
+    return out
 
 
 def build_graph(files: dict[str, Slim]) -> GraphData:
-    """Build the file/symbol graph and the BM25 statistics from every file's ``Slim``."""
+    """Build the file/symbol graph and the BM25 statistics from every file's ``Slim``.
+
+    Symbols are keyed by qualified name. A reference (a bare name) goes to the definitions
+    of that name in the same file, else to those in the files it imports, else to all of
+    them (a name defined under many qualified names: to none, see ``MAX_FANOUT``)."""
     paths = sorted(files)
     file_id = {p: i for i, p in enumerate(paths)}
     n = len(paths)
     definers: dict[str, list[int]] = {}
     for i, p in enumerate(paths):
-        for name in files[p][1]:
-            definers.setdefault(name, []).append(i)
+        for key in files[p][1]:
+            definers.setdefault(key, []).append(i)
     symbols = sorted(definers)
-    sym_id = {s: n + j for j, s in enumerate(symbols)}
-    name_weight = {name: _ref_weight(name, len(ids)) for name, ids in definers.items()}
+    sym_id = {key: j for j, key in enumerate(symbols)}
+    by_name: dict[str, list[int]] = {}
+    for j, key in enumerate(symbols):
+        by_name.setdefault(bare(key), []).append(j)
+    name_weight = {}
+    for name, ids in by_name.items():
+        n_files = (
+            len(definers[symbols[ids[0]]])
+            if len(ids) == 1
+            else len({i for j in ids for i in definers[symbols[j]]})
+        )
+        name_weight[name] = _ref_weight(name, n_files)
 
     src = array("i")
     dst = array("i")
@@ -90,20 +137,8 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
     resolver = Resolver(paths)
     resolved_memo: dict[tuple[str, str, str], list[str]] = {}
     imports: list[list[int]] = []
-    terms_of: list[dict[str, int]] = []
-    path_terms_of: list[list[str]] = []
-    doc_len = array("d")
-    sqrt = math.sqrt
     for i, p in enumerate(paths):
-        lang, _names, refs, specs, tf, _n, _err = files[p]
-        # references: file -> symbol (dict order is the parse order: deterministic)
-        for name, count in refs.items():
-            s = sym_id.get(name)
-            if s is not None:
-                src.append(i)
-                dst.append(s)
-                weight.append(sqrt(count) * name_weight[name])
-        # imports: file -> file
+        lang, specs = files[p][0], files[p][3]
         targets: set[int] = set()
         folder = p.rpartition("/")[0]
         for spec in specs:
@@ -115,8 +150,38 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
                 t = file_id[target]
                 if t != i:
                     targets.add(t)
-        imported = sorted(targets)
-        imports.append(imported)
+        imports.append(sorted(targets))
+    terms_of: list[dict[str, int]] = []
+    path_terms_of: list[list[str]] = []
+    doc_len = array("d")
+    sqrt = math.sqrt
+    for i, p in enumerate(paths):
+        _lang, own, refs, _specs, tf, _n, _err = files[p]
+        imported = imports[i]
+        mine: dict[str, list[int]] | None = None  # name -> this file's keys, on first need
+        seen: dict[str, list[int]] | None = None  # ... and those of the files it imports
+        # references: file -> symbol (dict order is the parse order: deterministic)
+        for name, count in refs.items():
+            ids = by_name.get(name)
+            if ids is None:
+                continue
+            if len(ids) > 1:
+                if mine is None:
+                    mine = _keys_by_name(own, sym_id)
+                local = mine.get(name)
+                if local is None:
+                    if seen is None:
+                        seen = _keys_by_name(
+                            sorted({k for t in imported for k in files[paths[t]][1]}), sym_id
+                        )
+                    local = seen.get(name)
+                ids = local or (ids if len(ids) <= MAX_FANOUT else [])
+            w = sqrt(count) * name_weight[name] / max(1, len(ids))
+            for j in ids:
+                src.append(i)
+                dst.append(n + j)
+                weight.append(w)
+        # imports: file -> file
         for t in imported:
             src.append(i)
             dst.append(t)
@@ -126,10 +191,9 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
         path_terms_of.append(words)
         doc_len.append(float(sum(tf.values()) + PATH_WEIGHT * len(words)))
     # definitions: symbol -> file
-    for name in symbols:
-        s = sym_id[name]
-        for i in definers[name]:
-            src.append(s)
+    for j, key in enumerate(symbols):
+        for i in definers[key]:
+            src.append(n + j)
             dst.append(i)
             weight.append(1.0)
     return {

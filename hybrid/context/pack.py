@@ -162,7 +162,7 @@ def _ranked_bodies(
     langs = {paths[h.file]: graph["langs"][h.file] for h in hits}
     packer = BodyPacker(root, langs, budget)
     defs_of: dict[str, list[Definition]] = {}
-    for hit in hits:
+    for hit in packer.packing(hits):
         if budget - packer.used < 24:
             break
         if hit.path not in defs_of:
@@ -242,7 +242,7 @@ def _primary_files(
         wanted = {name: 2.0 + w for name, w in ranking.task.symbols.items()}
         task_terms = set(ranking.task.terms)
         for d in index.tags(path).definitions:
-            j = sym_index.get(d.name)
+            j = sym_index.get(d.qualified)
             if j is not None and d.name not in wanted and not d.name.startswith("__"):
                 overlap = len(task_terms.intersection(name_terms(d.name)))
                 wanted[d.name] = 0.5 * overlap + float(ranking.symbol_score[j])

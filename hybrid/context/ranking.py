@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from hybrid.context.graph import PATH_WEIGHT, GraphData
+from hybrid.context.graph import PATH_WEIGHT, GraphData, names_index
 from hybrid.context.resolve import Resolver
 from hybrid.context.text import IDENT_RE, STOPWORDS, stem, terms
 
@@ -77,10 +77,9 @@ class Ranking:
 def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) -> TaskTerms:
     """Find the identifiers, paths and words of ``task`` that this repository knows."""
     out = TaskTerms(terms=terms(task))
-    symbols = graph["symbols"]
-    known = {s: j for j, s in enumerate(symbols)}
+    known = names_index(graph)
     lower: dict[str, list[str]] = {}
-    for s in symbols:
+    for s in sorted(known):
         if len(s) >= 4:
             lower.setdefault(s.lower(), []).append(s)
     for match in IDENT_RE.finditer(task):
@@ -251,11 +250,14 @@ def rank(
         if rare:
             lexical = lexical + GREP_WEIGHT * text_scores(graph, grep(rare))
     seeds = np.zeros(n + n_sym)
-    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    by_name = names_index(graph)
     structural_seeds = bool(info.symbols or info.paths)
     for name, weight in info.symbols.items():
-        definers = graph["definers"][sym_index[name]]
-        seeds[n + sym_index[name]] += weight / math.sqrt(len(definers))
+        # a name's definitions share its seed (Session.send and Adapter.send: half each)
+        ids = by_name[name]
+        n_files = len({i for j in ids for i in graph["definers"][j]})
+        for j in ids:
+            seeds[n + j] += weight / math.sqrt(n_files) / len(ids)
     for i, weight in info.paths.items():
         seeds[i] += weight
     if structural_seeds:
@@ -304,11 +306,13 @@ def _has_term(graph: GraphData, term: str, i: int) -> bool:
 def _reasons(
     graph: GraphData, info: TaskTerms, lexical: np.ndarray, structural: np.ndarray, top: list[int]
 ) -> dict[int, list[str]]:
-    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    by_name = names_index(graph)
     defined_here: dict[int, list[str]] = {}
     for name in sorted(info.symbols):
-        for i in graph["definers"][sym_index[name]]:
-            defined_here.setdefault(i, []).append(name)
+        for j in by_name[name]:
+            for i in graph["definers"][j]:
+                if name not in defined_here.get(i, []):
+                    defined_here.setdefault(i, []).append(name)
     query = sorted(set(info.terms))
     out: dict[int, list[str]] = {}
     for i in top:

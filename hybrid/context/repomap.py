@@ -95,7 +95,7 @@ def _symbol_lines(
     for d in tags.definitions:
         if d.kind == "local":
             continue
-        j = sym_index.get(d.name)
+        j = sym_index.get(d.qualified)
         s = float(ranking.symbol_score[j]) if j is not None else 0.0
         if d.name in ranking.task.symbols:
             s += 1.0
