@@ -25,7 +25,7 @@ import wasmtime
 
 from hybrid.errors import PolicyViolation
 from hybrid.policy import Budget, SandboxSpec, admit
-from hybrid.results import ExecutionResult, Termination, TestOutcome, Usage
+from hybrid.results import ExecutionResult, Termination, TestOutcome, finish_result
 from hybrid.wasm import engine as _engine
 from hybrid.wasm.pipes import OutputPipe
 from hybrid.wasm.python import guest, instances, staging
@@ -245,15 +245,18 @@ class _Outcome:
         out, err = self.pipes
         stdout, stdout_cut = bytes(out.data), out.overflowed
         stderr, stderr_cut = bytes(err.data), err.overflowed
-        return ExecutionResult(
-            tier=TIER,
-            termination=Termination.TIMEOUT,
-            exit_code=None,
-            stdout=stdout.decode("utf-8", errors="replace"),
-            stderr=stderr.decode("utf-8", errors="replace"),
+        # The deadline, not a cut, ended this run (the guest is still blocked): a process-tier
+        # ending, which a cut does not replace.
+        return finish_result(
+            TIER,
+            Termination.TIMEOUT,
+            None,
+            stdout=stdout,
+            stderr=stderr,
             stdout_truncated=stdout_cut,
             stderr_truncated=stderr_cut,
-            usage=Usage(wall_ms=wall_ms),
+            output_bytes=budget.output_bytes,
+            wall_ms=wall_ms,
             detail=f"wall-clock deadline of {budget.wall_seconds} s reached while blocked in a host call",
         )
 
@@ -280,23 +283,19 @@ class _Outcome:
                         detail += f"; first error: {_first_line(error)}"
                 else:
                     detail = f"exit status {exit_code}"
-        fuel_used = None if self.fuel_left is None else budget.fuel - self.fuel_left
-        if termination is Termination.TIMEOUT and fuel_used == 0:
-            # An interrupt inside pure wasm code does not write the fuel counter back.
-            fuel_used = None
-        if stdout_cut or stderr_cut:
-            termination = Termination.OUTPUT_LIMIT
-            detail = f"output over {budget.output_bytes} bytes was cut"
-        return ExecutionResult(
-            tier=TIER,
-            termination=termination,
-            exit_code=exit_code,
-            stdout=stdout.decode("utf-8", errors="replace"),
-            stderr=stderr.decode("utf-8", errors="replace"),
+        return finish_result(
+            TIER,
+            termination,
+            exit_code,
+            stdout=stdout,
+            stderr=stderr,
             stdout_truncated=stdout_cut,
             stderr_truncated=stderr_cut,
-            usage=Usage(wall_ms=self.wall_ms, fuel_used=fuel_used),
+            output_bytes=budget.output_bytes,
+            output_cap_closes=True,
+            wall_ms=self.wall_ms,
             detail=detail,
+            fuel_used=None if self.fuel_left is None else budget.fuel - self.fuel_left,
             tests=tests,
             traceback=_bound(response.get("traceback")),
         )
