@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hybrid.context.cache import _VERSION, TagCache
+from hybrid.context.git import git_output
 from hybrid.context.languages import language_for
 from hybrid.context.tags import FileTags, Payload, ctags_available, extract_ctags, extract_file
 from hybrid.errors import ContextError
@@ -99,14 +99,6 @@ class RepoIndex:
         return out
 
 
-def _git(root: Path, *args: str) -> bytes | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=120)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
 def blob_id(data: bytes) -> str:
     """The git blob id of ``data`` (so hashed and indexed files share cache keys)."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -130,14 +122,14 @@ def _wanted(path: str) -> str | None:
 
 
 def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
-    top_raw = _git(root, "rev-parse", "--show-toplevel")
+    top_raw = git_output(root, "rev-parse", "--show-toplevel")
     if top_raw is None:
         return None
     top = Path(top_raw.decode().strip())
     prefix = root.resolve().relative_to(top.resolve()).as_posix()
     prefix = "" if prefix == "." else prefix + "/"
-    listing = _git(top, "ls-files", "-s", "-z")
-    status = _git(top, "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames")
+    listing = git_output(top, "ls-files", "-s", "-z")
+    status = git_output(top, "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames")
     if listing is None or status is None:
         return None
     ids: dict[str, str] = {}

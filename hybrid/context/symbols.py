@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hybrid.context.git import git_text
 from hybrid.context.graph import GraphData
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
@@ -91,17 +91,13 @@ def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
     """Lines (of today's files, approximately) changed by the last commits, per path."""
     if not paths:
         return {}
-    cmd = ["git", "-C", str(root), "log", f"-n{HISTORY_COMMITS}", "--no-merges", "-U0"]
-    cmd += ["--format=%x00", "--relative", "--", *paths]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if out.returncode != 0:
+    args = ["log", f"-n{HISTORY_COMMITS}", "--no-merges", "-U0", "--format=%x00", "--relative"]
+    out = git_text(root, *args, "--", *paths, timeout=30)
+    if out is None:
         return {}
     touched: dict[str, Counter[int]] = {}
     current = ""
-    for line in out.stdout.splitlines():
+    for line in out.splitlines():
         if line.startswith("+++ "):
             current = line[6:] if line.startswith("+++ b/") else ""
         elif current and line.startswith("@@"):

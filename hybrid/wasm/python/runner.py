@@ -276,11 +276,11 @@ class _Outcome:
                 failed = sum(not t.passed for t in tests)
                 skipped = failed and all(t.message.startswith("not run:") for t in tests)
                 if error and (not failed or skipped):
-                    detail = _first_line(error) + (" (tests not run)" if skipped else "")
+                    detail = _exception_line(error) + (" (tests not run)" if skipped else "")
                 elif failed:
                     detail = f"{failed} of {len(tests)} tests failed"
                     if error:
-                        detail += f"; first error: {_first_line(error)}"
+                        detail += f"; first error: {_exception_line(error)}"
                 else:
                     detail = f"exit status {exit_code}"
         return finish_result(
@@ -316,9 +316,11 @@ def _classify_component_error(exc: wasmtime.WasmtimeError) -> tuple[Termination,
     return termination, cause
 
 
-def _first_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else text
+def _exception_line(error: str) -> str:
+    """The ``Type: message`` line of the guest's error text: its LAST non-blank line (a
+    SyntaxError's text starts with the file, line and caret, and ends with it)."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else error
 
 
 def _bound(text: str | None) -> str | None:
