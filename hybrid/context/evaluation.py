@@ -21,12 +21,12 @@ import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
 from hybrid.context.git import git_checked
+from hybrid.context.graph import Graph
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.languages import EXTENSIONS
@@ -228,9 +228,9 @@ def _edit_metrics(results: list[CaseResult], variant: str, budget: int) -> EditM
     )
 
 
-def _first_gold(graph: dict[str, Any], order: list[int], gold: list[str]) -> int:
+def _first_gold(graph: Graph, order: list[int], gold: list[str]) -> int:
     """1-based position of the first gold file in ``order`` (0: not ranked)."""
-    paths = graph["paths"]
+    paths = graph.paths
     found = [k + 1 for k, i in enumerate(order) if paths[i] in gold]
     return found[0] if found else 0
 
@@ -286,7 +286,7 @@ def evaluate(
                 ranking = rank(graph, case.task, mode, history, grep)  # type: ignore[arg-type]
                 ranks[mode] = _first_gold(graph, ranking.order, case.gold)
                 if mode == "fused":
-                    top = [graph["paths"][i] for i in ranking.order[:5]]
+                    top = [graph.paths[i] for i in ranking.order[:5]]
                 for variant, (v_mode, symbols, ablate) in VARIANTS.items():
                     scored = bool(hunks) and variant in chosen_variants
                     if v_mode != mode or not (scored or variant == "full"):

@@ -1,22 +1,27 @@
 """The code graph of a repository: files and symbols, linked by definitions, references and
 imports, plus the BM25 postings over paths, symbol names and docstrings.
 
-The built graph is a plain dict of lists and packed arrays (``GraphData``), stored in the tag
-cache under the repository's fingerprint, so a warm run loads one blob instead of
-rebuilding. Everything is ordered by sorted paths and names: no set or hash order leaks in.
+The built graph (``Graph``) is stored in the tag cache as a plain dict of lists and packed
+arrays (``GraphData``) under the repository's fingerprint, so a warm run loads one blob instead
+of rebuilding. Everything is ordered by sorted paths and names: no set or hash order leaks in.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hybrid.context.resolve import Resolver, is_test_path
 from hybrid.context.tags import Payload
 from hybrid.context.text import terms
 
+if TYPE_CHECKING:
+    from hybrid.context.index import RepoIndex
+
 GraphData = dict[str, Any]
+"""A graph as stored in the tag cache (``Graph.data()``; marshal needs plain containers)."""
 
 PATH_WEIGHT = 3  # BM25 term-frequency multiplier of path words
 
@@ -59,26 +64,88 @@ def path_terms(path: str) -> list[str]:
     return terms(path.replace("/", " ").replace(".", " ").replace("-", " "))
 
 
-# What the graph needs of one file: (lang, defined names, references, import specs,
-# BM25 terms, number of definitions, error). Kept next to the graph so that a rebuild after
-# a small change reads only the changed files' payloads.
-Slim = tuple[str, list[str], dict[str, int], list[str], dict[str, int], int, str]
+class Slim(NamedTuple):
+    """What the graph needs of one file, in the order it is stored in the tag cache. Kept next
+    to the graph so that a rebuild after a small change reads only the changed files' payloads."""
+
+    lang: str
+    names: list[str]
+    """Defined names, sorted and unique."""
+    refs: dict[str, int]
+    imports: list[str]
+    terms: dict[str, int]
+    n_defs: int
+    error: str
 
 
 def slim(payload: Payload) -> Slim:
     """The part of a file's tags that the graph is built from."""
-    lang, defs, refs, specs, tf, error = payload
-    return (lang, sorted({d[0] for d in defs}), refs, specs, tf, len(defs), error)
+    return Slim(
+        payload.lang,
+        sorted({d[0] for d in payload.defs}),
+        payload.refs,
+        payload.imports,
+        payload.terms,
+        len(payload.defs),
+        payload.error,
+    )
 
 
-def build_graph(files: dict[str, Slim]) -> GraphData:
+@dataclass
+class Graph:
+    """The file/symbol graph of a repository. Node ids: files ``0..n-1`` in path order, then
+    symbols ``n..`` in name order; edges are packed arrays (``src``, ``dst``, ``weight``)."""
+
+    paths: list[str]
+    langs: list[str]
+    tests: list[bool]
+    """Whether each file is a test file."""
+    symbols: list[str]
+    definers: list[list[int]]
+    """For each symbol, the files that define it."""
+    src: bytes
+    """Edge sources (int32)."""
+    dst: bytes
+    """Edge targets (int32)."""
+    weight: bytes
+    """Edge weights (float64)."""
+    imports: list[list[int]]
+    """For each file, the files it imports."""
+    terms: list[dict[str, int]]
+    """BM25 term frequencies of each file."""
+    path_terms: list[list[str]]
+    doc_len: bytes
+    """BM25 document length of each file (float64)."""
+    ndefs: list[int]
+    errors: list[str]
+    index: RepoIndex | None = None
+    """The index the graph was loaded with (``load_graph`` sets it; never stored)."""
+
+    def data(self) -> GraphData:
+        """The stored form: every field but ``index``, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "index"}
+
+    @classmethod
+    def from_data(cls, data: GraphData, index: RepoIndex | None = None) -> Graph:
+        """The graph stored as ``data``."""
+        return cls(**data, index=index)
+
+    @property
+    def repo_index(self) -> RepoIndex:
+        """The index the graph was loaded with; a graph built without one has none."""
+        if self.index is None:
+            raise ValueError("this graph was built without its repository index")
+        return self.index
+
+
+def build_graph(files: dict[str, Slim]) -> Graph:
     """Build the file/symbol graph and the BM25 statistics from every file's ``Slim``."""
     paths = sorted(files)
     file_id = {p: i for i, p in enumerate(paths)}
     n = len(paths)
     definers: dict[str, list[int]] = {}
     for i, p in enumerate(paths):
-        for name in files[p][1]:
+        for name in files[p].names:
             definers.setdefault(name, []).append(i)
     symbols = sorted(definers)
     sym_id = {s: n + j for j, s in enumerate(symbols)}
@@ -132,28 +199,28 @@ def build_graph(files: dict[str, Slim]) -> GraphData:
             src.append(s)
             dst.append(i)
             weight.append(1.0)
-    return {
-        "paths": paths,
-        "langs": [files[p][0] for p in paths],
-        "tests": [is_test_path(p) for p in paths],
-        "symbols": symbols,
-        "definers": [definers[s] for s in symbols],
-        "src": src.tobytes(),
-        "dst": dst.tobytes(),
-        "weight": weight.tobytes(),
-        "imports": imports,
-        "terms": terms_of,
-        "path_terms": path_terms_of,
-        "doc_len": doc_len.tobytes(),
-        "ndefs": [files[p][5] for p in paths],
-        "errors": [files[p][6] for p in paths],
-    }
+    return Graph(
+        paths=paths,
+        langs=[files[p].lang for p in paths],
+        tests=[is_test_path(p) for p in paths],
+        symbols=symbols,
+        definers=[definers[s] for s in symbols],
+        src=src.tobytes(),
+        dst=dst.tobytes(),
+        weight=weight.tobytes(),
+        imports=imports,
+        terms=terms_of,
+        path_terms=path_terms_of,
+        doc_len=doc_len.tobytes(),
+        ndefs=[files[p].n_defs for p in paths],
+        errors=[files[p].error for p in paths],
+    )
 
 
-def importers(graph: GraphData) -> list[list[int]]:
-    """Reverse of ``graph["imports"]``: for each file, the files that import it."""
-    out: list[list[int]] = [[] for _ in graph["paths"]]
-    for i, targets in enumerate(graph["imports"]):
+def importers(graph: Graph) -> list[list[int]]:
+    """Reverse of ``graph.imports``: for each file, the files that import it."""
+    out: list[list[int]] = [[] for _ in graph.paths]
+    for i, targets in enumerate(graph.imports):
         for t in targets:
             out[t].append(i)
     return out

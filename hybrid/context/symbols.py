@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hybrid.context.git import git_text
-from hybrid.context.graph import GraphData
+from hybrid.context.graph import Graph
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
 from hybrid.context.tags import Definition
@@ -112,13 +112,13 @@ def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
 
 
 def _test_calls(
-    graph: GraphData, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
+    graph: Graph, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
 ) -> Counter[str]:
     """Names called by the best test files' test functions whose names share task words,
     weighted by how many words they share."""
-    paths = graph["paths"]
+    paths = graph.paths
     called: Counter[str] = Counter()
-    tests = [i for i in ranking.order if graph["tests"][i]][:TEST_FILES]
+    tests = [i for i in ranking.order if graph.tests[i]][:TEST_FILES]
     for i in tests:
         try:
             tags = index.tags(paths[i])
@@ -139,7 +139,7 @@ def _test_calls(
 
 
 def rank_symbols(
-    graph: GraphData,
+    graph: Graph,
     ranking: Ranking,
     root: str | Path,
     *,
@@ -148,10 +148,10 @@ def rank_symbols(
 ) -> list[SymbolHit]:
     """Definitions of the best non-test files (or of ``files``), best first."""
     root_path = Path(root)
-    index: RepoIndex = graph["_index"]
-    paths: list[str] = graph["paths"]
+    index = graph.repo_index
+    paths: list[str] = graph.paths
     if files is None:
-        files = [i for i in ranking.order if not graph["tests"][i]][:CANDIDATE_FILES]
+        files = [i for i in ranking.order if not graph.tests[i]][:CANDIDATE_FILES]
     file_ids = list(dict.fromkeys(files))
     index.payloads([paths[i] for i in file_ids])
     top_score = max((float(ranking.score[i]) for i in file_ids), default=0.0) or 1.0
@@ -286,12 +286,12 @@ def rank_symbols(
     return hits
 
 
-def rerank_files(graph: GraphData, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
+def rerank_files(graph: Graph, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
     """``ranking`` with the files of ``hits`` first, ordered by their file score plus their
     best symbol's: a file whose body matches the task well moves up among the top files."""
     if not hits:
         return ranking
-    paths: list[str] = graph["paths"]
+    paths: list[str] = graph.paths
     best: dict[int, float] = {}
     for h in hits:
         best.setdefault(h.file, h.score)  # hits are best first

@@ -239,7 +239,7 @@ def test_top_files_reranked_by_their_best_symbol(tmp_path: Path, git: Any, write
     hits = rank_symbols(graph, ranking, repo)
     assert hits[0].definition.name == "fetch"
     reranked = rerank_files(graph, ranking, hits)
-    assert graph["paths"][reranked.order[0]] == "app/client.py"
+    assert graph.paths[reranked.order[0]] == "app/client.py"
     assert sorted(reranked.order) == sorted(ranking.order)  # a permutation
 
 
