@@ -23,13 +23,7 @@ def git_output(
 def git_text(root: str | Path, *args: str, timeout: float = 120) -> str | None:
     """``git_output`` as text (undecodable bytes replaced, universal newlines)."""
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), *args],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-        )
+        out = _run_text(root, args, timeout)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -38,18 +32,24 @@ def git_text(root: str | Path, *args: str, timeout: float = 120) -> str | None:
 def git_checked(root: str | Path, *args: str, timeout: float = 600) -> str:
     """``git_text``, but a failure is a ContextError saying which git command failed and why."""
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), *args],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-        )
+        out = _run_text(root, args, timeout)
     except (OSError, subprocess.SubprocessError) as exc:
         raise ContextError(f"git {args[0]} failed: {exc}") from exc
     if out.returncode != 0:
         raise ContextError(f"git {args[0]} failed: {out.stderr.strip()[:300]}")
     return out.stdout
+
+
+def _run_text(
+    root: str | Path, args: tuple[str, ...], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", str(root), *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+    )
 
 
 def repo_prefix(root: str | Path) -> str | None:
