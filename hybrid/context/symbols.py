@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hybrid.context.graph import GraphData
+from hybrid.context.git import git_text
+from hybrid.context.graph import Graph
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
 from hybrid.context.tags import Definition
@@ -91,17 +91,13 @@ def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
     """Lines (of today's files, approximately) changed by the last commits, per path."""
     if not paths:
         return {}
-    cmd = ["git", "-C", str(root), "log", f"-n{HISTORY_COMMITS}", "--no-merges", "-U0"]
-    cmd += ["--format=%x00", "--relative", "--", *paths]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if out.returncode != 0:
+    args = ["log", f"-n{HISTORY_COMMITS}", "--no-merges", "-U0", "--format=%x00", "--relative"]
+    out = git_text(root, *args, "--", *paths, timeout=30)
+    if out is None:
         return {}
     touched: dict[str, Counter[int]] = {}
     current = ""
-    for line in out.stdout.splitlines():
+    for line in out.splitlines():
         if line.startswith("+++ "):
             current = line[6:] if line.startswith("+++ b/") else ""
         elif current and line.startswith("@@"):
@@ -116,13 +112,13 @@ def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
 
 
 def _test_calls(
-    graph: GraphData, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
+    graph: Graph, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
 ) -> Counter[str]:
     """Names called by the best test files' test functions whose names share task words,
     weighted by how many words they share."""
-    paths = graph["paths"]
+    paths = graph.paths
     called: Counter[str] = Counter()
-    tests = [i for i in ranking.order if graph["tests"][i]][:TEST_FILES]
+    tests = [i for i in ranking.order if graph.tests[i]][:TEST_FILES]
     for i in tests:
         try:
             tags = index.tags(paths[i])
@@ -170,7 +166,7 @@ class Signals:
 
 
 def symbol_signals(
-    graph: GraphData,
+    graph: Graph,
     ranking: Ranking,
     root: str | Path,
     *,
@@ -179,10 +175,10 @@ def symbol_signals(
 ) -> Signals:
     """Every signal of every definition of the best non-test files (or of ``files``)."""
     root_path = Path(root)
-    index: RepoIndex = graph["_index"]
-    paths: list[str] = graph["paths"]
+    index = graph.repo_index
+    paths: list[str] = graph.paths
     if files is None:
-        files = [i for i in ranking.order if not graph["tests"][i]][:CANDIDATE_FILES]
+        files = [i for i in ranking.order if not graph.tests[i]][:CANDIDATE_FILES]
     file_ids = list(dict.fromkeys(files))
     index.payloads([paths[i] for i in file_ids])
     top_score = max((float(ranking.score[i]) for i in file_ids), default=0.0) or 1.0
@@ -334,7 +330,7 @@ def score_symbols(signals: Signals, weights: Weights = Weights()) -> list[Symbol
 
 
 def rank_symbols(
-    graph: GraphData,
+    graph: Graph,
     ranking: Ranking,
     root: str | Path,
     *,
@@ -345,12 +341,12 @@ def rank_symbols(
     return score_symbols(symbol_signals(graph, ranking, root, files=files, ablate=ablate))
 
 
-def rerank_files(graph: GraphData, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
+def rerank_files(graph: Graph, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
     """``ranking`` with the files of ``hits`` first, ordered by their file score plus their
     best symbol's: a file whose body matches the task well moves up among the top files."""
     if not hits:
         return ranking
-    paths: list[str] = graph["paths"]
+    paths: list[str] = graph.paths
     best: dict[int, float] = {}
     for h in hits:
         best.setdefault(h.file, h.score)  # hits are best first

@@ -239,7 +239,7 @@ def test_top_files_reranked_by_their_best_symbol(tmp_path: Path, git: Any, write
     hits = rank_symbols(graph, ranking, repo)
     assert hits[0].definition.name == "fetch"
     reranked = rerank_files(graph, ranking, hits)
-    assert graph["paths"][reranked.order[0]] == "app/client.py"
+    assert graph.paths[reranked.order[0]] == "app/client.py"
     assert sorted(reranked.order) == sorted(ranking.order)  # a permutation
 
 
@@ -283,18 +283,18 @@ def test_graph_keys_definitions_by_qualified_name_and_resolves_references(
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "initial")
     graph = load_graph(repo)
-    symbols = graph["symbols"]
+    symbols = graph.symbols
     assert {"Session.send", "Adapter.send", "Session", "Adapter", "call"} <= set(symbols)
     assert sorted(symbols[j] for j in names_index(graph)["send"]) == [
         "Adapter.send",
         "Session.send",
     ]
-    n = len(graph["paths"])
-    src = np.frombuffer(graph["src"], dtype=np.int32)
-    dst = np.frombuffer(graph["dst"], dtype=np.int32)
+    n = len(graph.paths)
+    src = np.frombuffer(graph.src, dtype=np.int32)
+    dst = np.frombuffer(graph.dst, dtype=np.int32)
 
     def referenced(path: str) -> set[str]:
-        i = graph["paths"].index(path)
+        i = graph.paths.index(path)
         return {symbols[d - n] for s, d in zip(src, dst, strict=True) if s == i and d >= n}
 
     assert "Session.send" in referenced("pkg/api.py")  # through its import

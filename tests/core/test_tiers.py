@@ -68,7 +68,8 @@ def test_the_registry_is_ordered_cheapest_first_and_every_entry_is_a_tier():
     assert tiers.names() == ("wasm", "python-wasm", "bwrap", "docker", "gvisor", "microvm")
     assert all(isinstance(t, Tier) for t in tiers.all_tiers())
     with pytest.raises(
-        PolicyError, match=r"unknown tier 'nope' \(use wasm, python-wasm, bwrap, docker, gvisor or microvm\)"
+        PolicyError,
+        match=r"unknown tier 'nope' \(use wasm, python-wasm, bwrap, docker, gvisor or microvm\)",
     ):
         tiers.get("nope")
 
