@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     import docker
 
+    from hybrid.workstation.cgroup import Cgroup, Sample
     from hybrid.workstation.docker.workstation import DockerWorkstation
 
 
@@ -37,10 +38,18 @@ _WATCHDOG = (
 class _Supervisor:
     """Watches one exec: kills the container at the deadline, and notices a sandbox that died."""
 
-    def __init__(self, ws: DockerWorkstation, stream: _ExecStream, deadline: float) -> None:
+    def __init__(
+        self,
+        ws: DockerWorkstation,
+        stream: _ExecStream,
+        deadline: float,
+        meter: Cgroup | None = None,
+    ) -> None:
         self._ws = ws
         self._stream = stream
         self._deadline = deadline
+        self._meter = meter
+        self.last_sample: Sample | None = None  # the cgroup's counters at the latest poll
         self._done = threading.Event()
         self.timed_out = False
         self.died = False
@@ -53,11 +62,15 @@ class _Supervisor:
         while not self._done.wait(min(_POLL_SECONDS, max(self._deadline - time.time(), 0.0))):
             if time.time() >= self._deadline:
                 self.timed_out = True
+                if self._meter is not None:
+                    self.last_sample = self._meter.sample() or self.last_sample
                 self._ws._kill()
                 # Let the last output that was already in flight arrive before cutting the stream.
                 self._done.wait(0.2)
                 self._close()
                 return
+            if self._meter is not None:
+                self.last_sample = self._meter.sample() or self.last_sample
             try:
                 alive = self._ws._alive()
             except errors.DockerException:

@@ -19,7 +19,7 @@ from hybrid.errors import EngineUnavailable, InvalidInput, PolicyViolation, Work
 from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.tiers.container import tier_of
-from hybrid.workstation import archive, disk, state
+from hybrid.workstation import archive, cgroup, disk, state
 from hybrid.workstation.base import AttachCommand, check_name
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.docker.egress import egress_log
@@ -138,9 +138,11 @@ class DockerWorkstation:
                 self._running = False
                 self._ensure_running()
                 exec_id = create()
+            meter = self._cgroup()
+            before = meter.sample() if meter is not None else None
             start = time.time()
             stream = _ExecStream(_stream_client(), exec_id)
-        supervisor = _Supervisor(self, stream, start + deadline)
+        supervisor = _Supervisor(self, stream, start + deadline, meter)
         out, err = bytearray(), bytearray()
         cut = {"stdout": False, "stderr": False}
         try:
@@ -166,6 +168,12 @@ class DockerWorkstation:
             supervisor.stop()
             stream.close()
         wall_ms = (time.time() - start) * 1000
+        after = meter.sample() if meter is not None else None
+        if meter is not None:
+            meter.close()
+        # A container the deadline (or gVisor's OOM) stopped took its cgroup along: the
+        # supervisor's last sample is the nearest to the end there is.
+        used = cgroup.delta(before, after or supervisor.last_sample)
         termination, exit_code, detail = self._classify(
             exec_id, supervisor, start, deadline, bytes(err)
         )
@@ -182,9 +190,20 @@ class DockerWorkstation:
             stderr=err.decode("utf-8", errors="replace"),
             stdout_truncated=cut["stdout"],
             stderr_truncated=cut["stderr"],
-            usage=Usage(wall_ms=wall_ms),
+            usage=_usage(wall_ms, used, termination),
             detail=detail,
         )
+
+    def _cgroup(self) -> cgroup.Cgroup | None:
+        # Found through the container's init, so runc's cgroup and runsc's sandbox cgroup alike;
+        # None for a remote engine (no such process here) or a host that hides the counters.
+        with contextlib.suppress(errors.DockerException, KeyError):
+            pid = client().api.inspect_container(self.id)["State"].get("Pid") or 0
+            meter = cgroup.Cgroup.of_pid(int(pid))
+            if meter is not None:
+                meter.reset_peak()
+            return meter
+        return None
 
     def _classify(
         self, exec_id: str, supervisor: _Supervisor, start: float, deadline: float, err: bytes
@@ -578,6 +597,18 @@ class DockerWorkstation:
 
     def __repr__(self) -> str:
         return f"<DockerWorkstation {self.name} {self.runtime} {self.id[:12]}>"
+
+
+def _usage(wall_ms: float, used: cgroup.Delta, termination: Termination) -> Usage:
+    cpu = (
+        None
+        if used.cpu_user_seconds is None or used.cpu_system_seconds is None
+        else (used.cpu_user_seconds + used.cpu_system_seconds) * 1000
+    )
+    oom = used.oom_events
+    if termination is Termination.OUT_OF_MEMORY:
+        oom = max(oom or 0, 1)  # gVisor's whole sandbox died, and its counters with it
+    return Usage(wall_ms=wall_ms, cpu_ms=cpu, **{**used._asdict(), "oom_events": oom})
 
 
 def _add_dir(tar: tarfile.TarFile, name: str, owner: tuple[int, int]) -> None:
