@@ -22,9 +22,20 @@ def image() -> None:
 )
 @click.option("--suite", help="Debian suite (default: this machine's release).")
 @click.option("--force", is_flag=True, help="Rebuild even if the image exists.")
+@click.option(
+    "--service",
+    "service",
+    metavar="KIND[:VERSION]",
+    help="Build a service image instead (postgres, redis) from the base image and Debian packages.",
+)
 @json_option
 def bootstrap(
-    tag: str | None, mirror: str | None, suite: str | None, force: bool, as_json: bool
+    tag: str | None,
+    mirror: str | None,
+    suite: str | None,
+    force: bool,
+    service: str | None,
+    as_json: bool,
 ) -> None:
     """Build the base image (Debian minbase + python3, pytest, git) with debootstrap and import it."""
     from rich.console import Console
@@ -32,6 +43,9 @@ def bootstrap(
     from hybrid.workstation import images
 
     tag = tag or images.BASE_IMAGE
+    if service:
+        kind, _, version = service.partition(":")
+        tag = f"{kind} service image"
     console = Console(stderr=True)
     with console.status(f"building {tag}", spinner="dots") as status:
 
@@ -39,7 +53,16 @@ def bootstrap(
             if not as_json:
                 status.update(f"building {tag}: {line[:100]}")
 
-        info = images.bootstrap(tag, mirror=mirror, suite=suite, force=force, on_progress=progress)
+        if service:
+            from hybrid.workstation.services import bootstrap_service
+
+            info = bootstrap_service(
+                kind, version or None, mirror=mirror, suite=suite, force=force, on_progress=progress
+            )
+        else:
+            info = images.bootstrap(
+                tag, mirror=mirror, suite=suite, force=force, on_progress=progress
+            )
     emit(
         info,
         as_json,

@@ -48,6 +48,13 @@ def ws() -> None:
     "--from", "snapshot", help="Snapshot to start from (its files and installed packages)."
 )
 @click.option("--gvisor", is_flag=True, help="Run under gVisor (runsc) instead of runc.")
+@click.option(
+    "--service",
+    "service_kinds",
+    multiple=True,
+    metavar="KIND[:VERSION]",
+    help="Start a service with it: postgres or redis (repeatable; [[services]] in a policy says more).",
+)
 @sandbox_options
 @json_option
 def up(
@@ -56,18 +63,36 @@ def up(
     image: str | None,
     snapshot: str | None,
     gvisor: bool,
+    service_kinds: tuple[str, ...],
     as_json: bool,
     **opts: Any,
 ) -> None:
     """Start a workstation (it stays until `ws down`)."""
     tier = "gvisor" if gvisor else "docker"
     spec = container_spec(opts, tier)
+    if service_kinds:
+        spec = _with_services(spec, service_kinds)
     backend = _backend()
     text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
     with _status(as_json, text):
         made = _up(backend, name, repo, image, snapshot, gvisor, spec, opts)
     info = made.info()
     emit(info, as_json, lambda: click.echo(info.name))
+
+
+def _with_services(spec: SandboxSpec, kinds: tuple[str, ...]) -> SandboxSpec:
+    from hybrid.errors import PolicyError
+    from hybrid.policy import Service
+
+    added = []
+    for item in kinds:
+        kind, _, version = item.partition(":")
+        if kind not in ("postgres", "redis"):
+            raise PolicyError(
+                f"--service {item!r}: use postgres or redis (other images: [[services]] in a policy)"
+            )
+        added.append(Service(kind=kind, version=version or None))  # type: ignore[arg-type]
+    return spec.model_copy(update={"services": [*spec.services, *added]})
 
 
 def _status(as_json: bool, text: str) -> Any:
@@ -271,7 +296,8 @@ def ls(as_json: bool) -> None:
         from rich.table import Table
 
         table = Table(title="workstations")
-        for column in ("name", "tier", "status", "image", "kept", "from snapshot", "egress"):
+        columns = ("name", "tier", "status", "image", "kept", "from snapshot", "egress", "services")
+        for column in columns:
             table.add_column(column)
         for w in workstations:
             table.add_row(
@@ -282,6 +308,7 @@ def ls(as_json: bool) -> None:
                 "yes" if w.persistent else "no",
                 w.snapshot_of or "",
                 "" if w.egress_events is None else f"{w.egress_events} requests",
+                ", ".join(f"{s.name}:{s.port} {s.status}" for s in w.services),
             )
         console = Console()
         console.print(table)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import secrets
 import shutil
 import tarfile
@@ -22,6 +23,7 @@ from hybrid.tiers.container import tier_of
 from hybrid.workstation import archive, cgroup, disk, state
 from hybrid.workstation.base import AttachCommand, check_name
 from hybrid.workstation.baseline import Baseline
+from hybrid.workstation.docker import services
 from hybrid.workstation.docker.egress import egress_log
 from hybrid.workstation.docker.engine import _explain, _stream_client, client, translate
 from hybrid.workstation.docker.labels import (
@@ -35,6 +37,7 @@ from hybrid.workstation.docker.labels import (
     LABEL_OWNER,
     LABEL_PERSISTENT,
     LABEL_RUNTIME,
+    LABEL_SERVICES,
     LABEL_SNAPSHOT,
     LABEL_SOURCE,
     LABEL_SPEC,
@@ -455,10 +458,14 @@ class DockerWorkstation:
             LABEL_KIND: "snapshot-builder",
             LABEL_OWNER: _owner(),
         }
-        # The root is read-only, so the workspace is the whole state: base image + workspace.
+        # The root is read-only, so the workspace is the whole state: base image + workspace,
+        # and each service's data as an image of its own.
         builder = None
+        service_images: dict[str, str] = {}
         with translate(f"snapshot {self.name}"):
             try:
+                if self.spec.services:
+                    service_images = services.snapshot_all(self.name, self.spec, name, _owner())
                 builder = api.create_container(
                     self.base_image,
                     command=["true"],
@@ -487,6 +494,7 @@ class DockerWorkstation:
                     LABEL_RUNTIME: self.runtime,
                     LABEL_BASE: self.base_image,
                     LABEL_EPHEMERAL: "1" if ephemeral else "0",
+                    LABEL_SERVICES: json.dumps(service_images),
                 }
                 image_id = api.commit(
                     builder, repository=SNAPSHOT_REPOSITORY, tag=name, conf={"Labels": image_labels}
@@ -495,6 +503,11 @@ class DockerWorkstation:
                 # The image carries no values: starting from it copies them from here.
                 if self._secret_env:
                     state.save_env(state.directory("snapshots", image_id), self._secret_env)
+            except BaseException:
+                for image in service_images.values():
+                    with contextlib.suppress(errors.DockerException):
+                        api.remove_image(image, force=True)
+                raise
             finally:
                 if builder is not None:
                     with contextlib.suppress(errors.DockerException):
