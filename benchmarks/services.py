@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hybrid.policy import Budget, SandboxSpec, Service  # noqa: E402
-from hybrid.workstation import backend  # noqa: E402
+from hybrid.policy import Budget, SandboxSpec, Service
+from hybrid.workstation import backend
 
 
 def _spec(*services: Service) -> SandboxSpec:

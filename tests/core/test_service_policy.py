@@ -44,7 +44,7 @@ def test_services_load_round_trip_and_give_variables(tmp_path):
 def test_unknown_service_fields_and_kinds_are_refused(tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text('[[services]]\nkind = "mysql"\n')
-    with pytest.raises(PolicyError, match="services.0.kind"):
+    with pytest.raises(PolicyError, match=r"services\.0\.kind"):
         SandboxSpec.from_toml(path)
     path.write_text('[[services]]\nkind = "redis"\nbogus = 1\n')
     with pytest.raises(PolicyError, match="bogus"):
