@@ -61,7 +61,9 @@ def service_images(engine) -> None:  # type: ignore[no-untyped-def]
     for kind in ("postgres", "redis"):
         tag = image_of(Service(kind=kind))  # type: ignore[arg-type]
         if images.get(tag) is None:
-            message = f"the service image {tag} is missing (hybrid image bootstrap --service {kind})"
+            message = (
+                f"the service image {tag} is missing (hybrid image bootstrap --service {kind})"
+            )
             if os.environ.get("HYBRID_REQUIRE_ENGINE") == "1":
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
@@ -75,8 +77,7 @@ def _sql(ws, sql: str):  # type: ignore[no-untyped-def]
 def _leftovers(name: str) -> list[str]:
     api = client().api
     found = [
-        c["Names"][0]
-        for c in api.containers(all=True, filters={"label": f"hybrid.name={name}"})
+        c["Names"][0] for c in api.containers(all=True, filters={"label": f"hybrid.name={name}"})
     ]
     volumes = api.volumes(filters={"label": f"hybrid.name={name}"}).get("Volumes") or []
     found += [v["Name"] for v in volumes]

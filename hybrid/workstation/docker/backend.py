@@ -143,7 +143,10 @@ class DockerBackend:
                 elif labels[LABEL_NETWORK]:
                     services.make_holder(labels)
                 if spec.services:
+                    # Healthy before the workstation exists: a client killed meanwhile leaves only
+                    # services without a workstation, which gc removes even when persistent.
                     services.create_all(labels, spec, labels[LABEL_NETWORK], service_images or {})
+                    services.wait_ready(name, spec)
                 if (
                     image_labels.get(LABEL_KIND) not in ("base", "snapshot")
                     or spec.workspace != "/workspace"
@@ -169,8 +172,6 @@ class DockerBackend:
                 if secret_env:
                     state.save_env(state.directory("workstations", container_id), secret_env)
                 api.start(container_id)
-                if spec.services:
-                    services.wait_ready(name, spec)
             except BaseException:
                 if container_id is not None:
                     with contextlib.suppress(errors.DockerException):
