@@ -51,6 +51,7 @@ from hybrid.workstation.docker.labels import (
 from hybrid.workstation.docker.supervision import (
     _WATCHDOG,
     _WATCHDOG_GRACE,
+    _Backstop,
     _Chunks,
     _ExecStream,
     _Supervisor,
@@ -145,6 +146,7 @@ class DockerWorkstation:
             before = meter.sample() if meter is not None else None
             start = time.time()
             stream = _ExecStream(_stream_client(), exec_id)
+        backstop = _Backstop(exec_id, self.id, start + deadline)
         supervisor = _Supervisor(self, stream, start + deadline, meter)
         out, err = bytearray(), bytearray()
         cut = {"stdout": False, "stderr": False}
@@ -170,6 +172,7 @@ class DockerWorkstation:
         finally:
             supervisor.stop()
             stream.close()
+            backstop.stop()
         wall_ms = (time.time() - start) * 1000
         after = meter.sample() if meter is not None else None
         if meter is not None:
