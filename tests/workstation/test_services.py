@@ -259,3 +259,45 @@ def test_services_refused_where_unreachable(engine):
     assert any("gVisor" in p and "docker tier" in p for p in problems), problems
     with pytest.raises(PolicyViolation):
         engine.create(spec)
+
+
+def test_any_local_image_as_a_service(engine):
+    # kind image: the base image serving HTTP, its own health check, a data directory.
+    port = _port()
+    serve = ["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", "/srv/data"]
+    ping = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/')"
+    service = Service(
+        kind="image",
+        name="web",
+        image="hybrid/base:bookworm",
+        port=port,
+        command=serve,
+        health=["python3", "-c", ping],
+        data="/srv/data",
+    )
+    with engine.create(_spec(service)) as ws:
+        got = ws.exec(
+            [
+                "python3",
+                "-c",
+                f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/').status)",
+            ]
+        )
+        assert got.ok and got.stdout == "200\n", got
+        assert [s.status for s in ws.info().services] == ["running"]
+
+
+def test_services_with_egress_share_the_relay_namespace(engine, service_images):
+    # Egress mode: the workstation's namespace is the relay's (only lo); the service joins it.
+    from hybrid.policy import NetworkPolicy
+
+    spec = _spec(Service(kind="redis", port=_port())).model_copy(
+        update={"network": NetworkPolicy(mode="egress", allow=["pypi.org"])}
+    )
+    with engine.create(spec) as ws:
+        pong = ws.exec(["python3", "-c", REDIS_PING, "PING"])
+        assert pong.ok and pong.stdout.strip() == "+PONG", pong
+        devices = ws.exec("cat /proc/net/dev").stdout
+        assert [line.split(":")[0].strip() for line in devices.splitlines()[2:]] == ["lo"]
+        name = ws.name
+    assert _leftovers(name) == []
