@@ -131,7 +131,7 @@ def create_all(
             image,
             command=kinds.command_of(service),
             name=container_name(labels[LABEL_NAME], service.key),
-            environment=service.env,
+            environment={**service.env, **kinds.service_env(service)},
             labels={
                 **_owned(labels),
                 LABEL_KIND: "service",
@@ -177,34 +177,37 @@ def _data_volume(labels: dict[str, str], service: Service) -> str:
 
 
 def wait_ready(name: str, spec: SandboxSpec) -> None:
-    """Block until every service answers its health check, then run its setup once."""
+    """Block until every service is healthy (and set up)."""
     api = client().api
     for service in spec.services:
         container = container_name(name, service.key)
         health = kinds.health_of(service)
         deadline = time.time() + service.ready_seconds
         last = ""
-        while health is not None:
+        while True:
             state = api.inspect_container(container)["State"]
-            if not state.get("Running") and state.get("Status") != "restarting":
-                logs = api.logs(container, tail=5).decode("utf-8", "replace").strip()
+            logs = api.logs(container, tail=20).decode("utf-8", "replace")
+            if not state.get("Running"):
                 raise WorkstationError(
-                    f"service {service.key} exited ({state.get('ExitCode')}): {logs[-400:]}"
+                    f"service {service.key} exited ({state.get('ExitCode')}): {logs.strip()[-400:]}"
                 )
-            code, last = _run(api, container, health, kinds.service_env(service))
-            if code == 0:
-                break
+            if kinds.self_checking(service):
+                # Its own shell probes and sets it up, then says so (services.READY).
+                if kinds.READY in logs.split():
+                    break
+                last = logs
+            elif health is not None:
+                code, last = _run(api, container, health, kinds.service_env(service))
+                if code == 0:
+                    break
+            else:
+                break  # kind image without a health check: started is all there is to know
             if time.time() >= deadline:
                 raise WorkstationError(
                     f"service {service.key} was not healthy after {service.ready_seconds:g}s "
-                    f"(raise services.ready_seconds): {last.strip()[-300:]}"
+                    f"(raise ready_seconds): {last.strip()[-300:]}"
                 )
             time.sleep(_POLL)
-        setup = kinds.setup_of(service)
-        if setup is not None:
-            code, out = _run(api, container, setup, kinds.service_env(service))
-            if code != 0:
-                raise WorkstationError(f"service {service.key}: setup failed: {out.strip()[-300:]}")
 
 
 def _run(
