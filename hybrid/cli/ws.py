@@ -71,6 +71,8 @@ def up(
     tier = "gvisor" if gvisor else "docker"
     spec = container_spec(opts, tier)
     if service_kinds:
+        if snapshot:
+            raise InvalidInput("--from starts the snapshot's own services; drop --service")
         spec = _with_services(spec, service_kinds)
     backend = _backend()
     text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
@@ -91,7 +93,7 @@ def _with_services(spec: SandboxSpec, kinds: tuple[str, ...]) -> SandboxSpec:
             raise PolicyError(
                 f"--service {item!r}: use postgres or redis (other images: [[services]] in a policy)"
             )
-        added.append(Service(kind=kind, version=version or None))  # type: ignore[arg-type]
+        added.append(Service(kind=kind, version=version or None))
     return spec.model_copy(update={"services": [*spec.services, *added]})
 
 
