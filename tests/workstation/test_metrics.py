@@ -26,10 +26,12 @@ def test_cpu_bound_command_shows_its_cpu_seconds(engine, tier, make_spec):
         usage = result.usage
         assert usage.cpu_user_seconds is not None and usage.cpu_system_seconds is not None
         cpu = usage.cpu_user_seconds + usage.cpu_system_seconds
-        # At least the second the process counted; at most that plus interpreter start and
-        # (under gVisor) the sentry's own work, and never more than one core over the wall.
-        assert 0.95 <= cpu <= 2.5, usage
-        assert cpu <= usage.wall_ms / 1000 * 1.0 + 0.3, usage
+        # runc: at least the second the process counted, at most that plus interpreter start.
+        # gVisor's guest clock also counts time its stubs wait for a host CPU, so on a loaded
+        # host the sandbox's cgroup (the truth) can show less than the guest believes it used.
+        floor = 0.95 if tier == "docker" else 0.4
+        assert floor <= cpu <= 2.5, usage
+        assert cpu <= usage.wall_ms / 1000 * 1.0 + 0.3, usage  # one core (budget.cpus)
         assert usage.cpu_ms == pytest.approx(cpu * 1000)
         assert usage.cpu_throttled_seconds is not None and usage.oom_events == 0
         assert usage.block_read_bytes is not None and usage.block_write_bytes is not None
@@ -37,7 +39,8 @@ def test_cpu_bound_command_shows_its_cpu_seconds(engine, tier, make_spec):
         # The next command's usage is its own (a delta), not the workstation's total.
         idle = ws.exec("true").usage
         assert idle.cpu_user_seconds is not None and idle.cpu_system_seconds is not None
-        assert idle.cpu_user_seconds + idle.cpu_system_seconds < 0.5, idle
+        idle_cpu = idle.cpu_user_seconds + idle.cpu_system_seconds
+        assert idle_cpu < 0.5 and idle_cpu * 3 < cpu, (idle, usage)
 
 
 def test_memory_hungry_command_shows_its_peak(engine, tier, make_spec):
