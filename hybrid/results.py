@@ -32,6 +32,18 @@ class Usage(BaseModel):
     fuel_used: int | None = Field(None, description="WebAssembly fuel consumed (wasm tier only).")
     peak_memory_bytes: int | None = Field(None, description="Peak memory, where known.")
     cpu_ms: float | None = Field(None, description="CPU time, where known.")
+    # Process tiers read these from the sandbox's cgroup: for one command in a long-lived
+    # workstation, the growth during that command (concurrent commands share the counters).
+    cpu_user_seconds: float | None = Field(None, description="CPU time in user mode, seconds.")
+    cpu_system_seconds: float | None = Field(None, description="CPU time in the kernel, seconds.")
+    cpu_throttled_seconds: float | None = Field(
+        None, description="Time the CPU quota held the sandbox back, seconds."
+    )
+    oom_events: int | None = Field(
+        None, description="Processes the kernel killed at the memory cap."
+    )
+    block_read_bytes: int | None = Field(None, description="Bytes read from block devices.")
+    block_write_bytes: int | None = Field(None, description="Bytes written to block devices.")
 
 
 class TestOutcome(BaseModel):

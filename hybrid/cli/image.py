@@ -29,9 +29,21 @@ def image() -> None:
     show_default=True,
     help="Package set: python (the base), node (+ nodejs, npm), build (+ compilers, headers).",
 )
+@click.option(
+    "--service",
+    "service",
+    metavar="KIND[:VERSION]",
+    help="Build a service image instead (postgres, redis) from the base image and Debian packages.",
+)
 @json_option
 def bootstrap(
-    tag: str | None, mirror: str | None, suite: str | None, force: bool, profile: str, as_json: bool
+    tag: str | None,
+    mirror: str | None,
+    suite: str | None,
+    force: bool,
+    profile: str,
+    service: str | None,
+    as_json: bool,
 ) -> None:
     """Build the base image (Debian minbase + python3, pytest, git) with debootstrap and import it."""
     from rich.console import Console
@@ -39,6 +51,9 @@ def bootstrap(
     from hybrid.workstation import images
 
     tag = tag or images.profile_tag(profile)
+    if service:
+        kind, _, version = service.partition(":")
+        tag = f"{kind} service image"
     console = Console(stderr=True)
     with console.status(f"building {tag}", spinner="dots") as status:
 
@@ -46,14 +61,21 @@ def bootstrap(
             if not as_json:
                 status.update(f"building {tag}: {line[:100]}")
 
-        info = images.bootstrap(
-            tag,
-            mirror=mirror,
-            suite=suite,
-            force=force,
-            packages=images.PROFILES[profile],
-            on_progress=progress,
-        )
+        if service:
+            from hybrid.workstation.services import bootstrap_service
+
+            info = bootstrap_service(
+                kind, version or None, mirror=mirror, suite=suite, force=force, on_progress=progress
+            )
+        else:
+            info = images.bootstrap(
+                tag,
+                mirror=mirror,
+                suite=suite,
+                force=force,
+                packages=images.PROFILES[profile],
+                on_progress=progress,
+            )
     emit(
         info,
         as_json,

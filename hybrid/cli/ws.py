@@ -90,6 +90,13 @@ def ws() -> None:
     help="Install the repository's dependencies (locked on the host, admitted by the policy's "
     "[deps], installed with the network off; reused while the lockfile is unchanged).",
 )
+@click.option(
+    "--service",
+    "service_kinds",
+    multiple=True,
+    metavar="KIND[:VERSION]",
+    help="Start a service with it: postgres or redis (repeatable; [[services]] in a policy says more).",
+)
 @sandbox_options
 @json_option
 def up(
@@ -100,6 +107,7 @@ def up(
     tier: str | None,
     gvisor: bool,
     with_deps: bool,
+    service_kinds: tuple[str, ...],
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -110,6 +118,10 @@ def up(
     spec = container_spec(opts, chosen or "docker", workstation=True)
     if with_deps and (repo is None or snapshot):
         raise InvalidInput("--deps installs a repository's dependencies: give --repo (not --from)")
+    if service_kinds:
+        if snapshot:
+            raise InvalidInput("--from starts the snapshot's own services; drop --service")
+        spec = _with_services(spec, service_kinds)
     backend = _backend(chosen or "docker")
     text = f"starting a {spec.tier} workstation" + (f" with a copy of {repo}" if repo else "")
     with _status(as_json, text):
@@ -121,6 +133,21 @@ def up(
             made = _up(backend, name, repo, image, snapshot, chosen is not None, spec, opts)
     info = made.info()
     emit(info, as_json, lambda: click.echo(info.name))
+
+
+def _with_services(spec: SandboxSpec, kinds: tuple[str, ...]) -> SandboxSpec:
+    from hybrid.errors import PolicyError
+    from hybrid.policy import Service
+
+    added = []
+    for item in kinds:
+        kind, _, version = item.partition(":")
+        if kind not in ("postgres", "redis"):
+            raise PolicyError(
+                f"--service {item!r}: use postgres or redis (other images: [[services]] in a policy)"
+            )
+        added.append(Service(kind=kind, version=version or None))
+    return spec.model_copy(update={"services": [*spec.services, *added]})
 
 
 def _status(as_json: bool, text: str) -> Any:
@@ -347,7 +374,8 @@ def ls(as_json: bool) -> None:
         from rich.table import Table
 
         table = Table(title="workstations")
-        for column in ("name", "tier", "status", "image", "kept", "from snapshot", "egress"):
+        columns = ("name", "tier", "status", "image", "kept", "from snapshot", "egress", "services")
+        for column in columns:
             table.add_column(column)
         for w in workstations:
             table.add_row(
@@ -358,6 +386,7 @@ def ls(as_json: bool) -> None:
                 "yes" if w.persistent else "no",
                 w.snapshot_of or "",
                 "" if w.egress_events is None else f"{w.egress_events} requests",
+                ", ".join(f"{s.name}:{s.port} {s.status}" for s in w.services),
             )
         console = Console()
         console.print(table)

@@ -40,6 +40,7 @@ class ContainerTier:
     """A hardened container under one OCI runtime of the local Docker engine."""
 
     egress_refusal: str | None
+    services_refusal: str | None
     streams = True
 
     def __init__(
@@ -51,6 +52,7 @@ class ContainerTier:
         boundary: tuple[str, str] | None = None,
         untrusted_refusal: str | None = None,
         egress_refusal: str | None = None,
+        services_refusal: str | None = None,
         install: tuple[str, str] | None = None,
         smoke_fix: str,
     ) -> None:
@@ -58,6 +60,7 @@ class ContainerTier:
         self.runtime = runtime
         self.minimums = minimums
         self.egress_refusal = egress_refusal
+        self.services_refusal = services_refusal
         self._boundary = boundary  # (reason when untrusted, reason otherwise)
         self._untrusted_refusal = untrusted_refusal
         self._install = install  # (binary, how to install it) when the runtime is a package
@@ -305,6 +308,13 @@ GVISOR = ContainerTier(
     egress_refusal=(
         "network: gVisor here runs with --network=none (the host cannot give it a "
         'network namespace); use the docker tier for egress, or mode = "none"'
+    ),
+    # Measured: with --network=none the sandbox has its own loopback (a service's port in the
+    # shared namespace refuses), and without --host-uds it cannot connect to a unix socket in a
+    # shared volume (EPERM). No path to a service container is left.
+    services_refusal=(
+        "services: gVisor here runs with --network=none and no host unix sockets, so nothing "
+        "outside the sandbox is reachable from it; use the docker tier for services"
     ),
     install=("runsc", "install gVisor: apt-get install -y runsc"),
     smoke_fix="check the runsc flags in the daemon config (--network=none, --platform=ptrace) and the dockerd log",
