@@ -98,6 +98,7 @@ class Daemon:
         self.code = fingerprint()
         self.started = time.time()
         self.commands = 0
+        self.tcp_address: str | None = None
 
     # -- life ------------------------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class Daemon:
             with os.fdopen(fd, "w") as out:
                 out.write(self.token + "\n")
             bound = tcp.getsockname()
+            self.tcp_address = f"{bound[0]}:{bound[1]}"
             log.warning("listening on tcp %s:%s (token in %s)", bound[0], bound[1], token_file)
 
     def _warm_tier(self, tier: str) -> None:
@@ -207,7 +209,7 @@ class Daemon:
                 "workers": len(self.workers),
                 "busy": sum(w.busy for w in self.workers),
                 "idle_seconds": self.config.idle_seconds,
-                "tcp": self.config.tcp,
+                "tcp": self.tcp_address,
                 "pool": self.pool.stats() if self.pool is not None else None,
             }
 

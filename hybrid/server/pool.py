@@ -101,6 +101,8 @@ class SandboxPool:
         self._doomed: list[str] = []
         self._lock = threading.Condition()
         self._closed = False
+        self.hits = 0
+        self.misses = 0
         self._thread = threading.Thread(target=self._loop, name="hybrid-pool", daemon=True)
         self._thread.start()
 
@@ -116,9 +118,11 @@ class SandboxPool:
             while entry.ready:
                 got = entry.ready.pop(0)
                 if now - got.made < self.idle_seconds:
+                    self.hits += 1
                     self._lock.notify_all()
                     return got.id
                 self._doomed.append(got.id)
+            self.misses += 1
             self._lock.notify_all()
         return None
 
@@ -137,6 +141,8 @@ class SandboxPool:
             return {
                 "size": self.size,
                 "idle_seconds": self.idle_seconds,
+                "hits": self.hits,
+                "misses": self.misses,
                 "keys": [
                     {"tier": e.key["tier"], "image": e.key["image"], "ready": len(e.ready)}
                     for e in self._keys.values()
