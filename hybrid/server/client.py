@@ -113,18 +113,23 @@ def _forward_signals(sock: socket.socket) -> dict[int, Any]:
     return previous
 
 
-def _wait(sock: socket.socket) -> int:
+def _wait(sock: socket.socket) -> int | None:
     reader = wire.Reader(sock)
+    accepted = False
     while True:
         try:
             frame = reader.frame()
         except (OSError, ValueError):
             frame = None
         if frame is None:
+            if not accepted:
+                return None  # a server going away before it took the command: run it here
             sys.stderr.write("hybrid: error: the server closed the connection before the end\n")
             return 1
         kind, payload = frame
-        if kind == wire.STDOUT:
+        if kind == wire.ACCEPTED:
+            accepted = True
+        elif kind == wire.STDOUT:
             _write(1, payload)
         elif kind == wire.STDERR:
             _write(2, payload)

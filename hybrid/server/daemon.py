@@ -177,6 +177,7 @@ class Daemon:
             op = message.get("op")
             if op == "ready":
                 handle.ready = True
+                self.last_active = time.monotonic()  # the idle clock starts once it can serve
                 log.info("worker %s ready in %s ms", handle.process.pid, message.get("warm_ms"))
             elif op == "busy":
                 with self.lock:

@@ -5,8 +5,10 @@ A frame is one type byte, a 4-byte big-endian length and the payload. A request 
 SCM_RIGHTS descriptors on a Unix socket, so the command writes straight to them (a terminal
 stays a terminal, output streams, a pipe's reader sees EOF when the command ends). Over TCP no
 descriptor can travel: the header says ``relay`` and the streams go as ``I``/``O``/``E``
-frames (an empty ``I`` frame is stdin's EOF). The client may send ``S`` (JSON: a signal
-number) at any time; the server ends with ``X`` (JSON: exit code).
+frames (an empty ``I`` frame is stdin's EOF). The server answers ``A`` when it takes the
+command (a connection closed before that never ran anything, so the client may run it
+itself), the client may send ``S`` (JSON: a signal number) at any time, and the server ends
+with ``X`` (JSON: exit code).
 
 One server serves one configuration: the socket's name is a hash of what decides how the
 toolkit behaves (interpreter, import path, ``HYBRID_*``, XDG and Docker variables), so a
@@ -28,7 +30,7 @@ from typing import Any
 FORWARDED = ("run", "check", "py", "map", "context", "skeleton")
 """Commands a client sends to the server (every other command runs in the client's process)."""
 
-HEADER, STDIN, STDOUT, STDERR, SIGNAL, EXIT = b"H", b"I", b"O", b"E", b"S", b"X"
+HEADER, ACCEPTED, STDIN, STDOUT, STDERR, SIGNAL, EXIT = b"H", b"A", b"I", b"O", b"E", b"S", b"X"
 MAX_FRAME = 64 * 1024**2
 """The largest frame either side accepts (a header with a big environment stays far below)."""
 

@@ -87,6 +87,7 @@ class Worker:
         self.main_thread = threading.main_thread().ident
         self.lock = threading.Lock()
         self.running = False
+        self.job = 0
         self.interrupted = False
         self.home_env = dict(os.environ)
         self.home_cwd = os.getcwd()
@@ -162,9 +163,11 @@ class Worker:
             self._close_fds(reader.fds)
             wire.send_json(conn, wire.EXIT, {"code": 2, "error": "expected three descriptors"})
             return
+        wire.send(conn, wire.ACCEPTED)
         code = self.run(conn, reader, argv, request, relay)
         with contextlib.suppress(OSError):
             wire.send_json(conn, wire.EXIT, {"code": code})
+            conn.shutdown(socket.SHUT_RDWR)  # ends this job's watcher now
 
     def run(
         self,
@@ -193,22 +196,33 @@ class Worker:
         self._close_fds(fds)
         self._streams()
         watcher = threading.Thread(
-            target=self._watch, args=(reader, stdin_w), name="hybrid-client", daemon=True
+            target=self._watch,
+            args=(self.job + 1, reader, stdin_w),
+            name="hybrid-client",
+            daemon=True,
         )
         code = 1
         try:
             self._arm()
             with self.lock:
                 self.running = True
+                self.job += 1
             watcher.start()
             code = _call_main(argv)
-        except BaseException:  # a signal that arrived after the command had finished
+        except BaseException as exc:  # a signal that arrived after the command had finished
             self.interrupted = True
             code = 130
+            late: BaseException | None = exc
+        else:
+            late = None
         finally:
             with self.lock:
                 self.running = False
             self._restore()
+        if late is not None:
+            import traceback
+
+            traceback.print_exception(late)
         for thread in relays:
             thread.join(5)
         return code
@@ -221,7 +235,7 @@ class Worker:
         signal.signal(signal.SIGTERM, _terminate)
         signal.signal(signal.SIGHUP, _terminate)
 
-    def _watch(self, reader: wire.Reader, stdin_w: int | None) -> None:
+    def _watch(self, job: int, reader: wire.Reader, stdin_w: int | None) -> None:
         """Forward the client's signals (and, relayed, its stdin); its disappearance is SIGTERM."""
         while True:
             try:
@@ -229,13 +243,13 @@ class Worker:
             except (OSError, ValueError):
                 frame = None
             if frame is None:
-                self._signal(signal.SIGTERM)
+                self._signal(job, signal.SIGTERM)
                 return
             kind, payload = frame
             if kind == wire.SIGNAL:
                 number = int(json.loads(payload))
                 if number in SIGNALS:
-                    self._signal(number)
+                    self._signal(job, number)
             elif kind == wire.STDIN and stdin_w is not None:
                 if not payload:
                     os.close(stdin_w)
@@ -244,9 +258,10 @@ class Worker:
                 with contextlib.suppress(OSError):
                     os.write(stdin_w, payload)
 
-    def _signal(self, number: int) -> None:
+    def _signal(self, job: int, number: int) -> None:
+        # Only the job this client asked for: a watcher outliving its job must not hit the next.
         with self.lock:
-            if self.running and self.main_thread is not None:
+            if self.running and self.job == job and self.main_thread is not None:
                 self.interrupted = True
                 signal.pthread_kill(self.main_thread, number)
 

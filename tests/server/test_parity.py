@@ -4,7 +4,6 @@ a process of its own: relative paths, stdin, bad input, --json, tests, repo maps
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_kit import CLIENT, Server, gone, wait_for
+from server_kit import CLIENT, Server, gone, normal, wait_for
 
 REPO = {
     "pkg/__init__.py": "",
@@ -68,16 +67,6 @@ CASES: list[tuple[str, list[str], bytes]] = [
         b"",
     ),
 ]
-
-# Timings (and the fuel of a guest that polls a clock) differ between any two runs, in
-# process or not.
-_TIMES = re.compile(
-    r"\d+(?:\.\d+)? ?ms|fuel [\d,]+|\"(?:wall_ms|cpu_ms|elapsed_ms|build_ms|fuel_used)\": [0-9.e-]+"
-)
-
-
-def normal(text: str) -> str:
-    return _TIMES.sub("<t>", text)
 
 
 @pytest.fixture(scope="module")
