@@ -367,8 +367,23 @@ def warm() -> None:
         check_csv("a,b\n1,2\n")
     with contextlib.suppress(Exception):
         import hybrid.context.tags
-        import hybrid.router
         import hybrid.workstation.docker  # noqa: F401  (the Docker SDK)
+    threading.Thread(target=_keep_availability, name="hybrid-availability", daemon=True).start()
+
+
+AVAILABILITY_SECONDS = 5.0
+"""How old the worker's view of which tiers this host runs may get (``hybrid.router``)."""
+
+
+def _keep_availability() -> None:
+    # A process of its own probes the tiers once; a worker lives on, so it probes again in the
+    # background (an engine started or stopped, an image built) and no command waits for it.
+    from hybrid import router
+
+    while True:
+        with contextlib.suppress(Exception):
+            router.availability(refresh=True)
+        time.sleep(AVAILABILITY_SECONDS)
 
 
 def main() -> None:
