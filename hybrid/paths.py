@@ -31,19 +31,9 @@ def state_root() -> Path:
 def runtime_dir() -> Path:
     """Where the resident server's sockets live, created 0700: ``$HYBRID_RUNTIME_DIR``, else
     ``$XDG_RUNTIME_DIR/hybrid``, else ``<state root>/run``. Refused when another user owns it."""
-    if os.environ.get("HYBRID_RUNTIME_DIR"):
-        path = Path(os.environ["HYBRID_RUNTIME_DIR"])
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "hybrid"
-    else:
-        path = state_root() / "run"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to uid {info.st_uid}, not to this user")
-    if info.st_mode & 0o077:
-        path.chmod(0o700)
-    return path
+    from hybrid.server.wire import runtime_path  # stdlib only: the client's start-up uses it
+
+    return Path(runtime_path())
 
 
 def cache_dir(*parts: str) -> Path:

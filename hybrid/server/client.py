@@ -14,16 +14,16 @@ with ``hybrid serve --tcp``: the streams are relayed in frames instead.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import socket
 import sys
-import threading
-from typing import Any
 
 from hybrid.server import wire
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 NO_SERVER_FLAG = "--no-server"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -78,6 +78,8 @@ def forward(argv: list[str]) -> int | None:
             return None  # the server went away before it took the command: run it here
         previous = _forward_signals(sock)
         if url:
+            import threading
+
             threading.Thread(target=_pump_stdin, args=(sock,), daemon=True).start()
         try:
             return _wait(sock)
@@ -100,8 +102,11 @@ def _stdio() -> list[int]:
 
 def _forward_signals(sock: socket.socket) -> dict[int, Any]:
     def send(signum: int, frame: object) -> None:
-        with contextlib.suppress(OSError):
+        # Not contextlib.suppress: importing contextlib costs the client's start-up.
+        try:  # noqa: SIM105
             wire.send_json(sock, wire.SIGNAL, signum)
+        except OSError:
+            pass  # the server is gone; the client ends with the connection
 
     previous = {}
     for signum in _SIGNALS:
@@ -134,16 +139,15 @@ def _wait(sock: socket.socket) -> int | None:
         elif kind == wire.STDERR:
             _write(2, payload)
         elif kind == wire.EXIT:
-            reply = json.loads(payload)
-            if reply.get("error"):
-                sys.stderr.write(f"hybrid: error: server: {reply['error']}\n")
-            return int(reply.get("code", 1))
+            return int(payload)
 
 
 def _write(fd: int, data: bytes) -> None:
-    with contextlib.suppress(BrokenPipeError):
+    try:
         while data:
             data = data[os.write(fd, data) :]
+    except BrokenPipeError:
+        pass
 
 
 def _tcp(url: str) -> socket.socket:
@@ -156,6 +160,8 @@ def _tcp(url: str) -> socket.socket:
 
 
 def _pump_stdin(sock: socket.socket) -> None:
+    import contextlib
+
     with contextlib.suppress(OSError):
         sock.settimeout(None)
         while chunk := os.read(0, 65536):
@@ -173,8 +179,10 @@ def ask(op: str) -> dict[str, Any] | None:
             frame = wire.Reader(sock).frame()
     except (OSError, ValueError):
         return None
-    if frame is None or frame[0] != wire.EXIT:
+    if frame is None or frame[0] != wire.REPLY:
         return None
+    import json
+
     answer: dict[str, Any] = json.loads(frame[1])
     return answer
 
@@ -184,8 +192,7 @@ def start_server(*options: str) -> None:
     import subprocess
 
     try:
-        path = wire.socket_path()
-        log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115  (handed to the child)
+        log = open(wire.socket_path().removesuffix(".sock") + ".log", "ab")  # noqa: SIM115  (handed to the child)
     except OSError:
         return
     with log:

@@ -126,7 +126,7 @@ class Daemon:
             self.path.unlink()  # stale: we hold the lock, so no server owns it
         old = os.umask(0o177)
         try:
-            unix.bind(wire.address(self.path))
+            unix.bind(wire.address(str(self.path)))
         finally:
             os.umask(old)
         unix.listen(128)
@@ -265,7 +265,7 @@ class Daemon:
 
 def serve(config: ServeConfig, ready: threading.Event | None = None) -> int:
     """Run a server for this process's configuration until it stops; 0, or 1 if one already runs."""
-    path = wire.socket_path()
+    path = Path(wire.socket_path())
     lock_fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -143,7 +143,7 @@ class Worker:
             self.token and hmac.compare_digest(str(request.get("token", "")), self.token)
         ):
             self._close_fds(reader.fds)
-            wire.send_json(conn, wire.EXIT, {"code": 77, "error": "bad token"})
+            _refuse(conn, "bad token", 77)
             return
         op = request.get("op", "run")
         if op != "run":
@@ -151,22 +151,23 @@ class Worker:
             if op == "stop":
                 self.control.tell(op="stop")
             answer = self.control.ask(op="status") if op == "status" else {}
-            wire.send_json(conn, wire.EXIT, {"code": 0, "pid": os.getppid(), **(answer or {})})
+            reply = {"pid": os.getppid(), **(answer or {})}
+            wire.send(conn, wire.REPLY, json.dumps(reply).encode())
             return
         argv = [str(a) for a in request.get("argv", [])]
         if not argv or argv[0] not in wire.FORWARDED:
             self._close_fds(reader.fds)
-            wire.send_json(conn, wire.EXIT, {"code": 2, "error": "not a forwarded command"})
+            _refuse(conn, "not a forwarded command", 2)
             return
         relay = request.get("stdio") == "relay"
         if not relay and len(reader.fds) != 3:
             self._close_fds(reader.fds)
-            wire.send_json(conn, wire.EXIT, {"code": 2, "error": "expected three descriptors"})
+            _refuse(conn, "expected three descriptors", 2)
             return
         wire.send(conn, wire.ACCEPTED)
         code = self.run(conn, reader, argv, request, relay)
         with contextlib.suppress(OSError):
-            wire.send_json(conn, wire.EXIT, {"code": code})
+            wire.send(conn, wire.EXIT, str(code).encode())
             conn.shutdown(socket.SHUT_RDWR)  # ends this job's watcher now
 
     def run(
@@ -330,6 +331,11 @@ class Worker:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _refuse(conn: socket.socket, why: str, code: int) -> None:
+    wire.send(conn, wire.STDERR, f"hybrid: error: server: {why}\n".encode())
+    wire.send(conn, wire.EXIT, str(code).encode())
 
 
 def _call_main(argv: list[str]) -> int:
