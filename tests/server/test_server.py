@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from server_kit import Server, gone, normal, wait_for
 
+from hybrid.server import wire
+
 NOBODY = 65534
 
 _PEER = """
@@ -149,3 +151,45 @@ def test_the_socket_is_only_the_users(server: Server) -> None:
     sock = next(server.runtime.glob("serve-*.sock"))
     assert sock.stat().st_mode & 0o077 == 0
     assert server.runtime.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"HYBRID_RUNTIME_DIR": "rt"},
+        {"XDG_RUNTIME_DIR": "xdg-rt"},
+        {"HYBRID_STATE_DIR": "state"},
+        {"XDG_STATE_HOME": "xdg-state"},
+        {"HOME": "home"},
+    ],
+)
+def test_the_runtime_directory_follows_the_state_root(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybrid import paths
+
+    for name in ("HYBRID_RUNTIME_DIR", "XDG_RUNTIME_DIR", "HYBRID_STATE_DIR", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(tmp_path / value))
+    made = paths.runtime_dir()
+    expected = {
+        "HYBRID_RUNTIME_DIR": tmp_path / "rt",
+        "XDG_RUNTIME_DIR": tmp_path / "xdg-rt" / "hybrid",
+    }.get(next(iter(env)), paths.state_root() / "run")
+    assert made == expected
+    assert made.stat().st_mode & 0o777 == 0o700
+    assert wire.socket_path().startswith(str(made) + "/serve-")
+
+
+def test_a_directory_of_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to give the directory away")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    monkeypatch.setenv("HYBRID_RUNTIME_DIR", str(theirs))
+    with pytest.raises(PermissionError):
+        wire.runtime_path()
