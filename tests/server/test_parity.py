@@ -176,3 +176,36 @@ def test_a_killed_client_stops_its_job(server: Server) -> None:
 def test_the_runtime_directory_is_private(server: Server) -> None:
     assert not gone(server.pids()[0])
     assert os.stat(server.runtime).st_mode & 0o777 == 0o700
+
+
+def _on_a_terminal(env: dict[str, str], cwd: Path, *args: str) -> tuple[int, bytes]:
+    """Run the client with stdin, stdout and stderr on a pseudo-terminal: (exit code, output)."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: become the client
+        os.chdir(cwd)
+        os.execve(CLIENT[0], [*CLIENT, *args], env)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), b"".join(chunks)
+
+
+def test_a_terminal_stays_a_terminal(server: Server, repo: Path) -> None:
+    args = ("py", "run", "snippet.py", "--file", "rate_card.csv", "--test", "failing_test.py")
+    before = (server.status() or {})["commands"]
+    served = _on_a_terminal(server.env, repo, *args)
+    assert (server.status() or {})["commands"] > before + 1
+    local = _on_a_terminal({**server.env, "HYBRID_NO_SERVER": "1"}, repo, *args)
+    assert served[0] == local[0] == 1
+    assert b"\x1b[31mFAIL" in served[1]  # colour: the command saw a terminal
+    assert normal(served[1].decode()) == normal(local[1].decode())
