@@ -43,6 +43,10 @@ def main() -> None:
             sys.exit(code)
         if not os.environ.get("HYBRID_SERVER_URL"):
             start_server()
+    if sys.flags.no_site:  # a launcher that skipped site for speed: the full CLI needs it
+        import site
+
+        site.main()
     from hybrid.cli import main as in_process
 
     in_process(argv)

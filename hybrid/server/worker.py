@@ -120,6 +120,8 @@ class Worker:
             self.control.tell(op="busy")
             try:
                 self.handle(conn)
+            except (OSError, ValueError):
+                pass  # a client that went away or spoke nonsense costs only its connection
             finally:
                 self.control.tell(op="idle", retire=self.interrupted)
         return True
@@ -139,6 +141,8 @@ class Worker:
             return
         conn.settimeout(None)
         request = json.loads(frame[1])
+        if not isinstance(request, dict):
+            raise ValueError("a request is a JSON object")
         if conn.family != socket.AF_UNIX and not (
             self.token and hmac.compare_digest(str(request.get("token", "")), self.token)
         ):
