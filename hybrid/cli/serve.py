@@ -77,7 +77,8 @@ def serve(
             raise HybridError("no server runs for this configuration")
         if stop:
             _wait_gone(answer)
-        emit(answer, as_json, lambda: _render(answer, stop))
+        shown = answer
+        emit(shown, as_json, lambda: _render(shown, stop))
         return
     config = _config(options)
     if detach:

@@ -112,7 +112,7 @@ def _forward_signals(sock: socket.socket) -> dict[int, Any]:
         except OSError:
             pass  # the server is gone; the client ends with the connection
 
-    previous = {}
+    previous: dict[int, Any] = {}
     for signum in _SIGNALS:
         current = signal.getsignal(signum)
         if current is signal.SIG_IGN:

@@ -25,9 +25,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from hybrid.server.pool import SandboxPool
 
 from hybrid.server import wire
 
@@ -94,7 +97,7 @@ class Daemon:
         self.last_active = time.monotonic()
         self.stopping = threading.Event()
         self.listeners: list[socket.socket] = []
-        self.pool = None
+        self.pool: SandboxPool | None = None
         self.code = fingerprint()
         self.started = time.time()
         self.commands = 0
