@@ -1,7 +1,5 @@
 """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
 
-from typing import TYPE_CHECKING as _TYPE_CHECKING
-
 from hybrid.errors import (
     ContextError,
     DiskLimit,
@@ -24,6 +22,8 @@ from hybrid.errors import (
     WorkstationNotFound,
 )
 
+# typing costs the console client (hybrid/server/client.py) ~3 ms to import.
+_TYPE_CHECKING = False
 if _TYPE_CHECKING:
     from hybrid.checks import (
         CheckReport,

@@ -28,6 +28,14 @@ def state_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "hybrid"
 
 
+def runtime_dir() -> Path:
+    """Where the resident server's sockets live, created 0700: ``$HYBRID_RUNTIME_DIR``, else
+    ``$XDG_RUNTIME_DIR/hybrid``, else ``<state root>/run``. Refused when another user owns it."""
+    from hybrid.server.wire import runtime_path  # stdlib only: the client's start-up uses it
+
+    return Path(runtime_path())
+
+
 def cache_dir(*parts: str) -> Path:
     """The cache directory (see cache_root), created on demand."""
     path = cache_root().joinpath(*parts)

@@ -137,8 +137,14 @@ def hybrid_cli(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., CliResult]:
     """``hybrid ARGS`` through the real console entry point, in process (fast): (exit code,
-    stdout, stderr); stdin is ``stdin`` (empty by default); an escaping exception fails."""
+    stdout, stderr); stdin is ``stdin`` (empty by default); an escaping exception fails.
+
+    With ``HYBRID_TEST_VIA_SERVER=1`` (tests/server/test_suite_both_ways.py sets it) each call
+    is instead a ``hybrid`` console process that forwards it to a running ``hybrid serve``."""
     from hybrid.cli import main
+
+    if os.environ.get("HYBRID_TEST_VIA_SERVER") == "1":
+        return _via_server
 
     def invoke(*args: str, stdin: bytes = b"") -> CliResult:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
@@ -149,3 +155,11 @@ def hybrid_cli(
         return (code if isinstance(code, int) else 1), out.out, out.err
 
     return invoke
+
+
+def _via_server(*args: str, stdin: bytes = b"") -> CliResult:
+    entry = "import sys; from hybrid.server.client import main; sys.exit(main())"
+    done = subprocess.run(
+        [sys.executable, "-c", entry, *args], input=stdin, capture_output=True, timeout=300
+    )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()

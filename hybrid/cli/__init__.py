@@ -89,6 +89,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "eval_cmd",
         "HumanEval-format problems through the loop; unbiased pass@k.",
     ),
+    "serve": (
+        "hybrid.cli.serve",
+        "serve",
+        "The resident server that keeps run/check/py/map/context warm.",
+    ),
 }
 
 
@@ -114,6 +119,12 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hybrid")
+@click.option(
+    "--no-server",
+    is_flag=True,
+    expose_value=False,
+    help="Run in this process, not through the resident server (also HYBRID_NO_SERVER=1).",
+)
 def cli() -> None:
     """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
 

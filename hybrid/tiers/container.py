@@ -10,7 +10,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hybrid.tiers.base import (
@@ -151,13 +151,12 @@ class ContainerTier:
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None
     ) -> ExecutionResult:
         from hybrid.errors import InvalidInput
-        from hybrid.workstation import backend
 
         _reap_once()
         snippet = job.snippet()
         setup = ONE_SHOT_SETUP_SECONDS + (max(60.0, spec.budget.wall_seconds) if job.repo else 0.0)
         lifetime = spec.budget.wall_seconds + setup
-        with backend().create(spec, image=job.image, repo=job.repo, lifetime=lifetime) as ws:
+        with _sandbox(self.name, job, spec, lifetime) as ws:
             if snippet is not None and not job.command:
                 source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
                 ws.put(source.encode(), ".hybrid-job.py")
@@ -170,6 +169,27 @@ class ContainerTier:
         from hybrid.workstation.docker import DockerBackend
 
         return DockerBackend()  # one backend for every runtime: create() picks it from the spec
+
+
+@contextlib.contextmanager
+def _sandbox(tier: str, job: Job, spec: SandboxSpec, lifetime: float) -> Iterator[Any]:
+    """A one-shot sandbox for ``job``: from the resident server's warm pool when it has one
+    ready (hybrid/server/pool.py), else created here; either way used once and destroyed."""
+    from hybrid.server import pool
+    from hybrid.workstation import backend
+
+    with pool.sandbox(tier, job.image, spec) as pooled:
+        if pooled is None:
+            with backend().create(spec, image=job.image, repo=job.repo, lifetime=lifetime) as ws:
+                yield ws
+            return
+        if job.repo is not None:
+            from hybrid.policy import check_input_path
+
+            # The same rule create() applies to a repository: it is an input the user named.
+            check_input_path(job.repo, "repository")
+            pooled.copy_repo(job.repo)
+        yield pooled
 
 
 def container_tiers() -> list[ContainerTier]:

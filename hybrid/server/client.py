@@ -1,0 +1,210 @@
+"""The ``hybrid`` console entry: forward a command to the resident server, or run it here.
+
+This module imports only the standard library and ``hybrid.server.wire``, so a forwarded
+command costs an interpreter start and one socket round trip. Commands in
+``wire.FORWARDED`` go to the server for this configuration (see wire.py) with the client's
+argv, working directory, environment and its stdin/stdout/stderr descriptors; the server runs
+the same Click entry point on them. Every other command, ``--no-server`` as the first argument,
+``HYBRID_NO_SERVER=1``, or a server that cannot be reached runs the command in this process
+(``hybrid.cli.main``); in the last case a server is started in the background for next time.
+
+``HYBRID_SERVER_URL=tcp://HOST:PORT`` with ``HYBRID_SERVER_TOKEN`` reaches a server started
+with ``hybrid serve --tcp``: the streams are relayed in frames instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+from hybrid.server import wire
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+NO_SERVER_FLAG = "--no-server"
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def main() -> None:
+    """Console entry point (``hybrid``)."""
+    argv = sys.argv[1:]
+    local = False
+    if argv[:1] == [NO_SERVER_FLAG]:
+        argv, local = argv[1:], True
+    if os.environ.get("HYBRID_NO_SERVER", "") not in ("", "0"):
+        local = True
+    if not local and argv[:1] and argv[0] in wire.FORWARDED:
+        code = forward(argv)
+        if code is not None:
+            sys.exit(code)
+        if not os.environ.get("HYBRID_SERVER_URL"):
+            start_server()
+    if sys.flags.no_site:  # a launcher that skipped site for speed: the full CLI needs it
+        import site
+
+        site.main()
+    from hybrid.cli import main as in_process
+
+    in_process(argv)
+
+
+def forward(argv: list[str]) -> int | None:
+    """Run ``argv`` on the server; its exit code, or None when no server answers."""
+    url = os.environ.get("HYBRID_SERVER_URL", "")
+    try:
+        cwd = os.getcwd()
+        if url:
+            sock = _tcp(url)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(wire.address(wire.socket_path()))
+    except (OSError, ValueError):
+        return None
+    with sock:
+        request: dict[str, Any] = {"op": "run", "argv": argv, "cwd": cwd, "env": dict(os.environ)}
+        if url:
+            request["stdio"] = "relay"
+            request["token"] = os.environ.get("HYBRID_SERVER_TOKEN", "")
+        try:
+            if url:
+                wire.send_json(sock, wire.HEADER, request)
+            else:
+                fds = _stdio()
+                wire.send_json(sock, wire.HEADER, request, fds)
+                for fd in fds:
+                    if fd > 2:
+                        os.close(fd)
+        except OSError:
+            return None  # the server went away before it took the command: run it here
+        previous = _forward_signals(sock)
+        if url:
+            import threading
+
+            threading.Thread(target=_pump_stdin, args=(sock,), daemon=True).start()
+        try:
+            return _wait(sock)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _stdio() -> list[int]:
+    # A closed descriptor (`hybrid ... <&-`) goes as /dev/null, as a new process would see it.
+    fds = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            fds.append(os.open(os.devnull, os.O_RDWR))
+    return fds
+
+
+def _forward_signals(sock: socket.socket) -> dict[int, Any]:
+    def send(signum: int, frame: object) -> None:
+        # Not contextlib.suppress: importing contextlib costs the client's start-up.
+        try:  # noqa: SIM105
+            wire.send_json(sock, wire.SIGNAL, signum)
+        except OSError:
+            pass  # the server is gone; the client ends with the connection
+
+    previous: dict[int, Any] = {}
+    for signum in _SIGNALS:
+        current = signal.getsignal(signum)
+        if current is signal.SIG_IGN:
+            continue  # nohup: an ignored SIGHUP stays ignored
+        previous[signum] = current
+        signal.signal(signum, send)
+    return previous
+
+
+def _wait(sock: socket.socket) -> int | None:
+    reader = wire.Reader(sock)
+    accepted = False
+    while True:
+        try:
+            frame = reader.frame()
+        except (OSError, ValueError):
+            frame = None
+        if frame is None:
+            if not accepted:
+                return None  # a server going away before it took the command: run it here
+            sys.stderr.write("hybrid: error: the server closed the connection before the end\n")
+            return 1
+        kind, payload = frame
+        if kind == wire.ACCEPTED:
+            accepted = True
+        elif kind == wire.STDOUT:
+            _write(1, payload)
+        elif kind == wire.STDERR:
+            _write(2, payload)
+        elif kind == wire.EXIT:
+            return int(payload)
+
+
+def _write(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except BrokenPipeError:
+        pass
+
+
+def _tcp(url: str) -> socket.socket:
+    if not url.startswith("tcp://"):
+        raise ValueError(f"HYBRID_SERVER_URL must be tcp://HOST:PORT, got {url!r}")
+    host, _, port = url.removeprefix("tcp://").rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock.settimeout(None)
+    return sock
+
+
+def _pump_stdin(sock: socket.socket) -> None:
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        sock.settimeout(None)
+        while chunk := os.read(0, 65536):
+            wire.send(sock, wire.STDIN, chunk)
+        wire.send(sock, wire.STDIN, b"")
+
+
+def ask(op: str) -> dict[str, Any] | None:
+    """Send ``op`` (status, stop) to this configuration's server; its answer, or None."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)
+            sock.connect(wire.address(wire.socket_path()))
+            wire.send_json(sock, wire.HEADER, {"op": op})
+            frame = wire.Reader(sock).frame()
+    except (OSError, ValueError):
+        return None
+    if frame is None or frame[0] != wire.REPLY:
+        return None
+    import json
+
+    answer: dict[str, Any] = json.loads(frame[1])
+    return answer
+
+
+def start_server(*options: str) -> None:
+    """Start a server for this configuration in the background (it outlives this process)."""
+    import subprocess
+
+    try:
+        log = open(wire.socket_path().removesuffix(".sock") + ".log", "ab")  # noqa: SIM115  (handed to the child)
+    except OSError:
+        return
+    with log:
+        subprocess.Popen(
+            [sys.executable, "-P", "-m", "hybrid", "serve", "--quiet", *options],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd="/",
+            start_new_session=True,
+        )
