@@ -79,6 +79,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "eval_cmd",
         "HumanEval-format problems through the loop; unbiased pass@k.",
     ),
+    "mcp": ("hybrid.cli.mcp", "mcp_cmd", "Serve the tools to agents over MCP (stdio or HTTP)."),
 }
 
 
