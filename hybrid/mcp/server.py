@@ -8,6 +8,7 @@ the gate and the loop) goes out as log notifications while the call runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import warnings
@@ -53,7 +54,9 @@ def _json(value: Any) -> str:
 def error_result(exc: HybridError) -> CallToolResult:
     """A HybridError as the tool's result: isError, with the error as JSON text."""
     error = {"type": type(exc).__name__, "message": exc.message, "exit_code": exc.exit_code}
-    return CallToolResult(content=[TextContent(type="text", text=_json({"error": error}))], is_error=True)
+    return CallToolResult(
+        content=[TextContent(type="text", text=_json({"error": error}))], is_error=True
+    )
 
 
 def _session(ctx: Context, workstations: Workstations) -> object:
@@ -86,10 +89,9 @@ def _say(ctx: Context) -> Callable[[str, str], None]:
 
     def say(logger: str, text: str) -> None:
         level = "warning" if logger == "stderr" else "info"
-        try:
+        # A client gone mid-call must not fail the run itself.
+        with contextlib.suppress(Exception):
             anyio.from_thread.run(partial(ctx.log, level, text, logger_name=logger))
-        except Exception:  # a client gone mid-call must not fail the run itself
-            pass
 
     return say
 
@@ -129,8 +131,12 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
     @server.tool()
     async def repo_map(
         ctx: Context,
-        root: Annotated[str, Field(description="Repository directory (relative to the server's first root).")] = ".",
-        task: Annotated[str, Field(description="What you are about to do: ranks the files for it.")] = "",
+        root: Annotated[
+            str, Field(description="Repository directory (relative to the server's first root).")
+        ] = ".",
+        task: Annotated[
+            str, Field(description="What you are about to do: ranks the files for it.")
+        ] = "",
         tokens: Annotated[int, Field(description="Token budget of the map.", ge=1)] = 2048,
     ) -> CallToolResult:
         """Ranked map of a repository: files and their key signatures under a token budget."""
@@ -158,9 +164,11 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
         ctx: Context,
         source: Annotated[str, Field(description="Python source to run (CPython 3.14).")],
         tests: Annotated[
-            str | None,
-            Field(description="Tests: top-level asserts and test_* functions, run in the snippet's namespace."),
-        ] = None,
+            str,
+            Field(
+                description="Tests: top-level asserts and test_* functions, run in the snippet's namespace."
+            ),
+        ] = "",
         files: Annotated[
             dict[str, str] | None,
             Field(description="Input files by name (readable read-only in the working directory)."),
@@ -169,16 +177,25 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
     ) -> CallToolResult:
         """Run Python (and its tests) in a fresh CPython-in-WebAssembly instance: no network, no host files."""
         return await call(
-            ctx, toolbox.run_python, source=source, tests=tests, files=files, timeout_seconds=timeout_seconds
+            ctx,
+            toolbox.run_python,
+            source=source,
+            tests=tests or None,
+            files=files,
+            timeout_seconds=timeout_seconds,
         )
 
     @server.tool()
     async def run_check(
         ctx: Context,
-        check: Annotated[CheckName, Field(description="csv, json, grep, redact or scope (a unified diff).")],
-        text: Annotated[str | None, Field(description="The data itself (or give path).")] = None,
-        path: Annotated[str | None, Field(description="A file (or, for grep, a directory) inside a root.")] = None,
-        pattern: Annotated[str | None, Field(description="grep: the regular expression.")] = None,
+        check: Annotated[
+            CheckName, Field(description="csv, json, grep, redact or scope (a unified diff).")
+        ],
+        text: Annotated[str, Field(description="The data itself (or give path).")] = "",
+        path: Annotated[
+            str, Field(description="A file (or, for grep, a directory) inside a root.")
+        ] = "",
+        pattern: Annotated[str, Field(description="grep: the regular expression.")] = "",
         options: Annotated[
             dict[str, Any] | None,
             Field(
@@ -192,26 +209,37 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
     ) -> CallToolResult:
         """A built-in check in a fuel- and memory-capped WebAssembly module."""
         return await call(
-            ctx, toolbox.run_check, check=check, text=text, path=path, pattern=pattern, options=options or {}
+            ctx,
+            toolbox.run_check,
+            check=check,
+            text=text or None,
+            path=path or None,
+            pattern=pattern or None,
+            options=options or {},
         )
 
     @server.tool()
     async def ws_create(
         ctx: Context,
-        repo: Annotated[str | None, Field(description="Repository directory to copy in (inside a root).")] = None,
+        repo: Annotated[
+            str, Field(description="Repository directory to copy in (inside a root).")
+        ] = "",
         tier: Annotated[
-            ContainerTier | None, Field(description="docker (runc) or gvisor (runsc); default from the policy.")
+            ContainerTier | None,
+            Field(description="docker (runc) or gvisor (runsc); default from the policy."),
         ] = None,
-        from_snapshot: Annotated[str | None, Field(description="A snapshot from ws_snapshot to start from.")] = None,
+        from_snapshot: Annotated[
+            str, Field(description="A snapshot from ws_snapshot to start from.")
+        ] = "",
         timeout_seconds: Timeout = None,
     ) -> CallToolResult:
         """Start a hardened workstation (no network, capped resources); removed when this session ends."""
         return await call(
             ctx,
             toolbox.ws_create,
-            repo=repo,
+            repo=repo or None,
             tier=tier,
-            from_snapshot=from_snapshot,
+            from_snapshot=from_snapshot or None,
             timeout_seconds=timeout_seconds,
         )
 
@@ -223,7 +251,9 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
             str | list[str], Field(description="A shell command line, or an argv list.")
         ],
         timeout_seconds: Timeout = None,
-        workdir: Annotated[str | None, Field(description="Working directory (default the workspace).")] = None,
+        workdir: Annotated[
+            str, Field(description="Working directory (default the workspace).")
+        ] = "",
     ) -> CallToolResult:
         """Run a command in a workstation; its output streams as log notifications while it runs."""
         return await call(
@@ -232,14 +262,16 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
             workstation=workstation,
             command=command,
             timeout_seconds=timeout_seconds,
-            workdir=workdir,
+            workdir=workdir or None,
         )
 
     @server.tool()
     async def ws_read_file(
         ctx: Context,
         workstation: Ws,
-        path: Annotated[str, Field(description="File path (relative to the workspace, or absolute).")],
+        path: Annotated[
+            str, Field(description="File path (relative to the workspace, or absolute).")
+        ],
     ) -> CallToolResult:
         """A file's content from a workstation (UTF-8 text, else base64)."""
         return await call(ctx, toolbox.ws_read_file, workstation=workstation, path=path)
@@ -256,7 +288,12 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
     ) -> CallToolResult:
         """Write a file into a workstation's workspace (directories are made)."""
         return await call(
-            ctx, toolbox.ws_write_file, workstation=workstation, path=path, content=content, encoding=encoding
+            ctx,
+            toolbox.ws_write_file,
+            workstation=workstation,
+            path=path,
+            content=content,
+            encoding=encoding,
         )
 
     @server.tool()
@@ -279,9 +316,13 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
         ctx: Context,
         patch: Annotated[str, Field(description="A unified diff against the repository.")],
         repo: Annotated[str, Field(description="Repository directory (inside a root).")],
-        test: Annotated[str, Field(description="Test command whose success means the task is done.")],
-        regression: Annotated[str | None, Field(description="Command that must keep passing.")] = None,
-        allow: Annotated[list[str] | None, Field(description="Path prefixes the patch may touch.")] = None,
+        test: Annotated[
+            str, Field(description="Test command whose success means the task is done.")
+        ],
+        regression: Annotated[str, Field(description="Command that must keep passing.")] = "",
+        allow: Annotated[
+            list[str] | None, Field(description="Path prefixes the patch may touch.")
+        ] = None,
         deny: Annotated[list[str] | None, Field(description="Extra denied globs.")] = None,
     ) -> CallToolResult:
         """The review gate: scope, secrets, dependencies, then the tests in a fresh workstation; never merges."""
@@ -291,7 +332,7 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
             patch=patch,
             repo=repo,
             test=test,
-            regression=regression,
+            regression=regression or None,
             allow=allow or [],
             deny=deny or [],
         )
@@ -300,15 +341,24 @@ def build_server(toolbox: Toolbox, *, name: str = "hybrid") -> MCPServer:
     async def solve(
         ctx: Context,
         task: Annotated[str, Field(description="What to write or change, in words.")],
-        tests: Annotated[str | None, Field(description="A function task's tests (python-wasm).")] = None,
-        repo: Annotated[str | None, Field(description="A repository task's directory (inside a root).")] = None,
-        test: Annotated[str | None, Field(description="A repository task's test command.")] = None,
+        tests: Annotated[str, Field(description="A function task's tests (python-wasm).")] = "",
+        repo: Annotated[
+            str, Field(description="A repository task's directory (inside a root).")
+        ] = "",
+        test: Annotated[str, Field(description="A repository task's test command.")] = "",
         steps: Annotated[int, Field(description="Model rounds.", ge=1, le=50)] = 5,
         k: Annotated[int, Field(description="Candidates per step.", ge=1, le=16)] = 1,
     ) -> CallToolResult:
         """The generate-execute-debug loop with the server's model; the report says how it ended."""
         return await call(
-            ctx, toolbox.solve, task=task, tests=tests, repo=repo, test=test, steps=steps, k=k
+            ctx,
+            toolbox.solve,
+            task=task,
+            tests=tests or None,
+            repo=repo or None,
+            test=test or None,
+            steps=steps,
+            k=k,
         )
 
     return server

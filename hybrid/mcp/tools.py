@@ -297,5 +297,10 @@ class Toolbox:
         except ValueError as exc:
             raise InvalidInput(f"steps: {exc}") from None
         return solve(
-            goal, self.model, budget=budget, k=k, spec=spec, progress=lambda m: call.say("progress", m)
+            goal,
+            self.model,
+            budget=budget,
+            k=k,
+            spec=spec,
+            progress=lambda m: call.say("progress", m),
         )
