@@ -14,11 +14,12 @@ a job's own error (a ``HybridError``) is raised as itself.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,6 +79,12 @@ class LocalizationJob(_Job):
 Job = Annotated[PythonJob | WorkstationJob | LocalizationJob, Field(discriminator="kind")]
 
 
+class Runnable(Protocol):
+    """Any job: ``run()`` on a node returns its result (the jobs above, or your own, picklable)."""
+
+    def run(self) -> Any: ...
+
+
 class FanOutReport(BaseModel):
     """Where the chunks ran: filled while ``fan_out`` streams."""
 
@@ -86,11 +93,11 @@ class FanOutReport(BaseModel):
     nodes: dict[str, int] = Field(default_factory=dict, description="Node id -> chunks it ran.")
 
 
-def _run_chunk(jobs: Sequence[_Job]) -> tuple[str, list[Any]]:
+def _run_chunk(jobs: Sequence[Runnable]) -> tuple[str, list[Any]]:
     import ray
 
     node = ray.get_runtime_context().get_node_id()
-    return node, [job.run() for job in jobs]  # type: ignore[attr-defined]
+    return node, [job.run() for job in jobs]
 
 
 def connect(address: str) -> None:
@@ -101,19 +108,27 @@ def connect(address: str) -> None:
         raise EngineUnavailable("fan-out needs Ray: pip install 'hybrid[ray]'") from None
     if ray.is_initialized():
         return
+    host = address.rpartition(":")[0].strip("[]")
+    try:
+        # On a loopback cluster (hybrid.raylocal) this process is on the head's address too;
+        # left to itself Ray would pick the machine's outward address.
+        node_ip = host if ipaddress.ip_address(host).is_loopback else None
+    except ValueError:
+        node_ip = None
     try:
         ray.init(
             address=address,
             logging_level=logging.WARNING,
             log_to_driver=False,
             configure_logging=False,
+            _node_ip_address=node_ip,
         )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise EngineUnavailable(f"no Ray cluster at {address}: {exc}") from None
 
 
 def fan_out(
-    jobs: Iterable[PythonJob | WorkstationJob | LocalizationJob],
+    jobs: Iterable[Runnable],
     address: str,
     *,
     chunk: int = 8,
@@ -186,6 +201,7 @@ __all__ = [
     "Job",
     "LocalizationJob",
     "PythonJob",
+    "Runnable",
     "WorkstationJob",
     "connect",
     "fan_out",

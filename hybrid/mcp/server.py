@@ -88,7 +88,7 @@ def _say(ctx: Context) -> Callable[[str, str], None]:
     """A log channel usable from the worker thread a tool's library call runs on."""
 
     def say(logger: str, text: str) -> None:
-        level = "warning" if logger == "stderr" else "info"
+        level: Literal["info", "warning"] = "warning" if logger == "stderr" else "info"
         # A client gone mid-call must not fail the run itself.
         with contextlib.suppress(Exception):
             anyio.from_thread.run(partial(ctx.log, level, text, logger_name=logger))

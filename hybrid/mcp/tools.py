@@ -120,13 +120,13 @@ class Toolbox:
         if (text is None) == (path is None):
             raise InvalidInput(f"{check} takes the data as text or as a path, exactly one")
         data: Any = text if text is not None else self.scope.path(path or "", "path", "file")
-        run = {
+        runners: dict[str, Callable[..., Any]] = {
             "csv": checks.check_csv,
             "json": checks.check_json,
             "redact": checks.redact,
             "scope": checks.scope,
-        }[check]
-        return run(data, budget=budget, **options)
+        }
+        return runners[check](data, budget=budget, **options)
 
     # -- workstations --------------------------------------------------------------------------
 

@@ -112,6 +112,12 @@ FILE_SLOTS: dict[str, list[tuple[list[str], str]]] = {
         (["{}", "--repo", "{dir}", "--test", "true"], "file"),
         (["{diff}", "--repo", "{}", "--test", "true"], "dir"),
     ],
+    "mcp": [
+        (["--root", "{}"], "dir"),
+        (["--root", "{dir}", "--replay", "{}"], "file"),
+        (["--root", "{dir}", "--model-config", "{}"], "file"),
+        (["--root", "{dir}", "--answer", "{}"], "file"),
+    ],
     "eval": [
         (["{}", "--builtin", "oracle"], "file"),
         (["{json}", "--replay", "{}"], "file"),
@@ -146,6 +152,7 @@ BASE_ARGS: dict[str, list[str]] = {
     "run": ["--", "true"],
     "route": ["--", "true"],
     "ws up": [NAME],
+    "mcp": ["--root", "{dir}"],
 }
 BAD_POLICIES = ["missing", "latin1_missing", "dir", "garbage", "bad_toml", "bool_toml", "tiny_toml"]
 # Budget options and values no budget can take.
@@ -195,6 +202,9 @@ ARG_CASES = [
     ["map", "{dir}", "--tokens", "0"],
     ["run", "--tier", "mainframe", "--", "true"],
     ["run"],
+    ["mcp", "--root", "{dir}", "--idle", "0"],
+    ["mcp", "--root", "{dir}", "--transport", "http", "--host", "0.0.0.0"],
+    ["mcp", "--root", "/"],
 ]
 
 
