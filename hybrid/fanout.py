@@ -156,11 +156,18 @@ def fan_out(
     pending: deque[tuple[list[Any], Any, int]] = deque()
     source = iter(jobs)
 
+    def send(batch: list[Any]) -> Any:
+        try:
+            return remote.remote(batch)
+        except TypeError as exc:  # Ray could not pickle a job
+            first = str(exc).strip().splitlines()[0]
+            raise InvalidInput(f"a job cannot be sent to the cluster: {first}") from None
+
     def submit_next() -> bool:
         batch = [j for _, j in zip(range(chunk), source, strict=False)]
         if not batch:
             return False
-        pending.append((batch, remote.remote(batch), 0))
+        pending.append((batch, send(batch), 0))
         report.chunks += 1
         return True
 
@@ -188,7 +195,7 @@ def fan_out(
                 ) from None
             log.warning("chunk lost with its node or worker (%s); submitting it again", exc)
             report.retried += 1
-            pending[0] = (batch, remote.remote(batch), tries + 1)
+            pending[0] = (batch, send(batch), tries + 1)
             continue
         pending.popleft()
         report.nodes[node] = report.nodes.get(node, 0) + 1

@@ -52,6 +52,22 @@ def test_errors_survive_pickling() -> None:
     assert plain.message == "no files" and plain.exit_code == 7
 
 
+def test_models_travel_and_keys_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation's model goes to the nodes; an endpoint's key is read there, never sent."""
+    from hybrid.agent.models import OpenAIModel, ScriptedModel
+
+    scripted = ScriptedModel(["a", "b"], name="s")
+    scripted.complete([])
+    copy = pickle.loads(pickle.dumps(scripted))
+    assert copy.complete([]).text == "b" and copy.name == "s"
+    monkeypatch.setenv("HYBRID_TEST_KEY", "sk-do-not-send-4f2a")
+    endpoint = OpenAIModel("m", base_url="http://127.0.0.1:9/v1", api_key_env="HYBRID_TEST_KEY")
+    sent = pickle.dumps(endpoint)
+    assert b"sk-do-not-send-4f2a" not in sent
+    rebuilt = pickle.loads(sent)
+    assert rebuilt.name == "m" and rebuilt.base_url == endpoint.base_url
+
+
 def test_results_come_back_in_order_from_both_nodes(cluster: LocalCluster) -> None:
     report = FanOutReport()
     jobs = [PythonJob(source=f"print({i} * {i})", tests=f"assert {i} >= 0") for i in range(60)]

@@ -238,6 +238,33 @@ def test_policy_is_obeyed(repo: Path, tmp_path: Path) -> None:
     anyio.run(fuel)
 
 
+def test_solve_runs_the_loop_with_the_servers_model(repo: Path, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.md"
+    wrong.write_text("```python\ndef double(x):\n    return x + 2\n```\n")
+    right = tmp_path / "right.md"
+    right.write_text("```python\ndef double(x):\n    return 2 * x\n```\n")
+    logs: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        logs.append(params)
+
+    server = stdio("--root", str(repo), "--answer", str(wrong), "--answer", str(right))
+
+    async def session() -> None:
+        async with Client(server, logging_callback=on_log, log_level="info") as client:
+            report = body(
+                await client.call_tool(
+                    "solve",
+                    {"task": "write double(x)", "tests": "assert double(3) == 6\n", "steps": 3},
+                )
+            )
+            assert report["stop"] == "solved" and len(report["attempts"]) == 2
+            assert "return 2 * x" in report["solution"]
+            assert any(p.logger == "progress" for p in logs), logs
+
+    anyio.run(session)
+
+
 def test_a_root_holding_a_secret_path_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "state").mkdir(parents=True)
@@ -363,6 +390,58 @@ def test_workstation_create_exec_write_diff_destroy(
             assert not _containers(name)
             again = error(await client.call_tool("ws_diff", {"workstation": name}))
             assert again["type"] == "WorkstationNotFound"
+
+    anyio.run(session)
+
+
+@pytest.mark.engine
+def test_gate_and_snapshot(engine: Any, http_server: tuple[str, Any]) -> None:
+    url, _ = http_server
+    patch = (
+        "--- a/pkg/shipping.py\n+++ b/pkg/shipping.py\n@@ -6 +6 @@\n"
+        "-    return 5.0 + 2.0 * weight\n+    return 6.0 + 2.0 * weight\n"
+    )
+    test = "python3 -c 'from pkg.shipping import cost; assert cost(1) == 8.0'"
+
+    async def session() -> None:
+        async with Client(url, mode="legacy") as client:
+            ready = body(
+                await client.call_tool("gate_patch", {"patch": patch, "repo": ".", "test": test})
+            )
+            assert ready["disposition"] == "ready for human review", ready
+            blocked = body(
+                await client.call_tool(
+                    "gate_patch", {"patch": patch, "repo": ".", "test": "exit 1"}
+                )
+            )
+            assert blocked["disposition"] == "blocked"
+            outside = error(
+                await client.call_tool("gate_patch", {"patch": patch, "repo": "/", "test": "true"})
+            )
+            assert outside["type"] == "PolicyViolation"
+
+            made = body(await client.call_tool("ws_create", {"repo": "."}))["name"]
+            await client.call_tool(
+                "ws_write_file", {"workstation": made, "path": "note.txt", "content": "kept"}
+            )
+            snapshot = body(await client.call_tool("ws_snapshot", {"workstation": made}))
+            started = body(await client.call_tool("ws_create", {"from_snapshot": snapshot["name"]}))
+            read = body(
+                await client.call_tool(
+                    "ws_read_file", {"workstation": started["name"], "path": "note.txt"}
+                )
+            )
+            assert read["content"] == "kept"
+            names = [made, started["name"]]
+        # The session ended (DELETE): its workstations and its snapshot go.
+        for name in names:
+            _wait_gone(name, 60)
+        from hybrid.workstation import backend
+
+        deadline = time.monotonic() + 60
+        while any(s.name == snapshot["name"] for s in backend().snapshots()):
+            assert time.monotonic() < deadline, "the session's snapshot is still there"
+            time.sleep(0.5)
 
     anyio.run(session)
 
