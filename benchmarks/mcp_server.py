@@ -5,7 +5,7 @@ each call is timed from the client's send to its parsed result. Rows: `run_pytho
 one-line snippet, `run_python` with tests, a call that fails fast (an isError result: the
 protocol and tool-dispatch cost alone), and `run_python` in process for comparison.
 
-    python benchmarks/mcp.py [--calls 200] [--mode auto|legacy]
+    python benchmarks/mcp_server.py [--calls 200] [--mode auto|legacy]
 
 Target (issue 13): MCP run_python round trip over stdio p50 <= 10 ms.
 """
