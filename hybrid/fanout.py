@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -108,7 +109,15 @@ def connect(address: str) -> None:
         raise EngineUnavailable("fan-out needs Ray: pip install 'hybrid[ray]'") from None
     if ray.is_initialized():
         return
-    host = address.rpartition(":")[0].strip("[]")
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise InvalidInput(f"Ray address {address!r}: use HOST:PORT (the head's GCS port)")
+    try:
+        # Ray's own client retries a dead address for minutes, printing as it goes.
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise EngineUnavailable(f"no Ray cluster at {address}: {exc.strerror or exc}") from None
     try:
         # On a loopback cluster (hybrid.raylocal) this process is on the head's address too;
         # left to itself Ray would pick the machine's outward address.

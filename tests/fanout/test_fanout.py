@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,20 @@ def test_models_travel_and_keys_do_not(monkeypatch: pytest.MonkeyPatch) -> None:
     assert b"sk-do-not-send-4f2a" not in sent
     rebuilt = pickle.loads(sent)
     assert rebuilt.name == "m" and rebuilt.base_url == endpoint.base_url
+
+
+@pytest.mark.parametrize(("address", "code"), [("127.0.0.9:1", 5), ("nonsense", 2)])
+def test_no_cluster_there_is_one_line_at_once(address: str, code: int) -> None:
+    problems = str(REPO / "tests" / "agent" / "data" / "humaneval-sample.jsonl")
+    done = subprocess.run(
+        [sys.executable, "-m", "hybrid", "eval", problems, "--builtin", "oracle", "--ray", address],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,  # Ray's own client would retry a dead address for minutes
+    )
+    assert done.returncode == code, done.stderr
+    assert done.stderr.count("\n") == 1 and address in done.stderr, done.stderr
 
 
 def test_results_come_back_in_order_from_both_nodes(cluster: LocalCluster) -> None:
