@@ -125,13 +125,29 @@ class LocalCluster:
             if str(self.temp_dir) in cmd and marker in cmd and pid != os.getpid()
         }
 
-    def kill_node(self, node: int) -> None:
-        """SIGKILL node ``node`` (its raylet and every worker under it), as a crashed machine."""
-        raylets = {
+    def _raylets(self, node: int) -> set[int]:
+        table = _processes()
+        return {
             pid
             for pid in self._mine(f"--node_ip_address={self.ip(node)} ")
-            if "raylet" in _processes().get(pid, (0, ""))[1].split(" ", 1)[0]
+            if table.get(pid, (0, ""))[1].split(" ", 1)[0].endswith("/raylet")
         }
+
+    def running(self, node: int) -> list[str]:
+        """The tasks node ``node``'s workers are running now (their process titles, ``ray::f``)."""
+        table = _processes()
+        idle = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+        return [
+            table[pid][1].strip()
+            for pid in self._tree(self._raylets(node))
+            if pid in table
+            and table[pid][1].startswith("ray::")
+            and not table[pid][1].startswith(idle)
+        ]
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL node ``node`` (its raylet and every worker under it), as a crashed machine."""
+        raylets = self._raylets(node)
         if not raylets:
             raise EngineUnavailable(f"node {node} of the local cluster is not running")
         for pid in self._tree(raylets):

@@ -9,7 +9,6 @@ the gate and the loop) goes out as log notifications while the call runs.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import warnings
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +25,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.types import CallToolResult, TextContent
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import Field
+from pydantic_core import to_json
 
 from hybrid.errors import HybridError
 from hybrid.mcp.sessions import STATELESS, Workstations
@@ -38,7 +38,7 @@ warnings.filterwarnings("ignore", category=MCPDeprecationWarning, module=__name_
 _SESSION_KEY = "hybrid.session"
 
 # Parameter types shared by several tools (module level: annotations are resolved here).
-Text = Annotated[str, Field(description="Text.")]
+Text = Annotated[str, Field(description="The file's content (see encoding).")]
 Timeout = Annotated[
     float | None, Field(description="Deadline in seconds; at most the server's policy budget.")
 ]
@@ -46,9 +46,8 @@ Ws = Annotated[str, Field(description="A workstation name from ws_create.")]
 
 
 def _json(value: Any) -> str:
-    from hybrid.cli._output import to_jsonable
-
-    return json.dumps(to_jsonable(value), ensure_ascii=False)
+    # pydantic's encoder: models (results, reports, infos), paths and plain data alike.
+    return to_json(value).decode()
 
 
 def error_result(exc: HybridError) -> CallToolResult:

@@ -135,16 +135,15 @@ def test_a_killed_nodes_jobs_are_retried_elsewhere() -> None:
     with _cluster() as cluster:
         try:
             report = FanOutReport()
-            jobs = [
-                PythonJob(source=f"import time\ntime.sleep(0.4)\nprint({i})") for i in range(24)
-            ]
-            stream = fan_out(jobs, cluster.address, chunk=1, window=4, report=report)
-            results = []
-            while len(report.nodes) < 2 and len(results) < 12:
-                results.append(next(stream))
-            assert len(report.nodes) == 2, report  # both nodes had work
-            cluster.kill_node(1)
-            results += list(stream)
+            jobs = [PythonJob(source=f"import time\ntime.sleep(1)\nprint({i})") for i in range(24)]
+            results, killed = [], False
+            for result in fan_out(jobs, cluster.address, chunk=1, window=4, report=report):
+                results.append(result)
+                # Once the second node has run a job, kill it while it runs the next one.
+                if not killed and len(report.nodes) == 2 and cluster.running(1):
+                    cluster.kill_node(1)
+                    killed = True
+            assert killed, report
             assert [r.stdout for r in results] == [f"{i}\n" for i in range(24)]
             assert report.retried >= 1, report
             alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
