@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,12 @@ def _loopback(host: str) -> bool:
     help="Seconds a workstation (and an HTTP session) may sit unused before it is removed.",
 )
 @_with(model_options)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="HTTP: print where it listens as one JSON line first (stdio: stdout is the protocol).",
+)
 def mcp_cmd(
     transport: str,
     host: str,
@@ -62,6 +69,7 @@ def mcp_cmd(
     roots: tuple[Path, ...],
     policy_file: Path | None,
     idle: float,
+    as_json: bool,
     **model: Any,
 ) -> None:
     """Serve repo_map, run_python, ws_* and the other tools to an MCP client.
@@ -90,4 +98,11 @@ def mcp_cmd(
             f"the MCP server needs the mcp package ({exc.name} is missing): "
             "pip install 'hybrid[mcp]'"
         ) from None
+    if transport == "http":
+        where = f"[{host}]" if ":" in host else host
+        url = f"http://{where}:{port}/mcp"
+        if as_json:
+            click.echo(json.dumps({"transport": "http", "url": url}))
+        else:
+            click.echo(f"hybrid: MCP over HTTP at {url}", err=True)
     serve(toolbox, "http" if transport == "http" else "stdio", host=host, port=port)

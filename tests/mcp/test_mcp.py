@@ -62,12 +62,17 @@ def http_server(repo: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`hybrid mcp --transport http` on a free loopback port (idle time 3 s); its URL."""
     port = free_port()
     proc = subprocess.Popen(
-        server_argv("--transport", "http", "--port", str(port), "--root", str(repo), "--idle", "3"),
+        server_argv(
+            "--transport", "http", "--port", str(port), "--root", str(repo), "--idle", "3", "--json"
+        ),
         env=server_env(),
         cwd=REPO,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+    assert proc.stdout is not None
+    url = json.loads(proc.stdout.readline())["url"]
+    assert url == f"http://127.0.0.1:{port}/mcp"
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -80,7 +85,7 @@ def http_server(repo: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
                 pytest.fail(f"the HTTP server did not start: {err.decode()[-2000:]}")
             time.sleep(0.1)
     try:
-        yield f"http://127.0.0.1:{port}/mcp", proc
+        yield url, proc
     finally:
         proc.terminate()
         try:
