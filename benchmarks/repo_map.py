@@ -207,9 +207,8 @@ def _pss(pid: int) -> int:
     return 0
 
 
-def _tree_memory(pid: int) -> int:
-    """Memory of ``pid`` and all its descendants: the sum of their proportional set sizes,
-    so pages shared after fork() (a process pool) are counted once."""
+def _tree_pids(pid: int) -> list[int]:
+    """``pid`` and all its descendants."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -220,12 +219,23 @@ def _tree_memory(pid: int) -> int:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
-    total, stack = 0, [pid]
+    out, stack = [], [pid]
     while stack:
         p = stack.pop()
-        total += _pss(p)
+        out.append(p)
         stack.extend(children.get(p, []))
-    return total
+    return sorted(out)
+
+
+def _tree_memory(pid: int) -> int | None:
+    """Memory of ``pid`` and all its descendants: the sum of their proportional set sizes,
+    so pages shared after fork() (a process pool) are counted once. None when the tree
+    changed while it was read: a parent read before a fork() and its children read after
+    it would count the shared pages one and a half times (on a loaded machine the walk
+    over /proc is slow enough for that to happen; it once reported 231 MB for 139)."""
+    pids = _tree_pids(pid)
+    total = sum(_pss(p) for p in pids)
+    return total if _tree_pids(pid) == pids else None
 
 
 def measure(
@@ -241,7 +251,7 @@ def measure(
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_memory(proc.pid))
+            peak = max(peak, _tree_memory(proc.pid) or 0)
             done.wait(0.01)
 
     sampler = threading.Thread(target=sample, daemon=True)

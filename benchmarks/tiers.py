@@ -6,15 +6,16 @@ Jobs
   pytest   `pytest -q` on a small real project (the more-itertools sdist from PyPI, ~660 tests)
 
 Tiers (each job runs where it can): wasm (built-in check), python-wasm (CPython in WASM),
-docker (runc workstation), gvisor (runsc workstation), and host: the same command with the
+bwrap (bubblewrap sandbox), docker (runc workstation), gvisor (runsc workstation), microvm (QEMU;
+csv and func only), and host: the same command with the
 same interpreter and pytest (the base image's root filesystem, entered with chroot) and no
 sandbox, the baseline the ratios divide by.
 
 Cold and warm
   wasm, python-wasm   cold: first run in a fresh process (module loaded from the on-disk cache);
                       warm: later runs in the same process
-  docker, gvisor      cold: create a hardened workstation, copy inputs in, run, remove;
-                      warm: run in a workstation that is already up
+  bwrap, docker,      cold: create a hardened workstation, copy inputs in, run, remove;
+  gvisor              warm: run in a workstation that is already up
   host                a new process each time (cold = warm)
 
 A second table checks the workstation targets (create+exec+remove, exec, snapshot, start from
@@ -49,6 +50,7 @@ from hybrid.errors import HybridError
 from hybrid.paths import cache_dir
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.router import availability
+from hybrid.workstation import Snapshots
 
 PROJECT = ("more-itertools", "10.5.0")
 PYTEST = "python3 -m pytest -q -p no:cacheprovider"
@@ -344,10 +346,10 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
             add("csv", "python-wasm", cold_csv, loop(runs, py_csv))
             add("func", "python-wasm", cold_func, loop(runs, py_func))
 
-        b = backend()
-        for tier in ("docker", "gvisor"):
+        for tier in ("bwrap", "docker", "gvisor"):
             if not tiers.get(tier, (False, ""))[0]:
                 continue
+            b = backend(tier)
             spec = SandboxSpec(
                 tier=tier, budget=Budget(wall_seconds=600, memory="1G", pids=256, cpus=2)
             )
@@ -360,6 +362,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                 repo: Path | None = None,
                 spec: SandboxSpec = spec,
                 tier: str = tier,
+                b: Any = b,
             ) -> Callable[[], None]:
                 def go() -> None:
                     with b.create(spec, repo=repo) as ws:
@@ -403,7 +406,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                 progress.update(task, description=f"{tier}: workstation targets")
                 hardened = SandboxSpec(tier=tier)
 
-                def lifecycle(hardened: SandboxSpec = hardened) -> None:
+                def lifecycle(hardened: SandboxSpec = hardened, b: Any = b) -> None:
                     made = b.create(hardened)
                     try:
                         expect(made.exec(["true"]).ok, "exec true")
@@ -416,7 +419,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                 starts: list[float] = []
                 names: list[str] = []
                 try:
-                    for i in range(max(3, runs // 2)):
+                    for i in range(max(3, runs // 2) if isinstance(b, Snapshots) else 0):
                         name = f"bench-{tier}-{os.getpid()}-{i}"
                         t0 = time.perf_counter()
                         ws.snapshot(name, ephemeral=True)
@@ -431,7 +434,28 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                         with contextlib.suppress(HybridError):
                             b.remove_snapshot(name)
                 ratio = stats(warm_pytest)["p50"] / host_pytest
-                runtime = "runc" if tier == "docker" else "runsc"
+                runtime = {"docker": "runc", "gvisor": "runsc"}.get(tier, tier)
+                if tier == "bwrap":
+                    targets += [
+                        {
+                            "target": "create + exec + remove (bwrap)",
+                            "p50_ms": cycle["p50"],
+                            "p95_ms": cycle["p95"],
+                            "limit": 30.0,
+                        },
+                        {
+                            "target": "exec in a running workstation (bwrap)",
+                            "p50_ms": execs["p50"],
+                            "p95_ms": execs["p95"],
+                            "limit": None,
+                        },
+                        {
+                            "target": "pytest in a workstation / host (bwrap)",
+                            "ratio": ratio,
+                            "limit_ratio": 1.1,
+                        },
+                    ]
+                    continue
                 targets += [
                     {
                         "target": f"hardened create + exec + remove ({runtime})",
@@ -463,9 +487,112 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[s
                         "limit_ratio": 1.3 if tier == "docker" else None,
                     },
                 ]
+        if tiers.get("microvm", (False, ""))[0]:
+            progress.update(task, description="microvm: boot, snapshot, csv, func")
+            microvm_rows(add, targets, runs, data)
     host.close()
     shutil.rmtree(workdir, ignore_errors=True)
     return rows, targets
+
+
+def microvm_rows(
+    add: Callable[[str, str, list[float], list[float]], None],
+    targets: list[dict[str, Any]],
+    runs: int,
+    data: bytes,
+) -> None:
+    """microvm: csv and func cold (a VM from its template, inputs in, run, remove) and warm (exec
+    in a running VM); targets: a cold boot to the first command, a start from the template
+    snapshot to the first command, and exec in a running VM. pytest is left out: guest code
+    runs ~15x slower under TCG, so a 660-test run takes minutes."""
+    from hybrid.workstation.microvm import MicrovmBackend, build, vm
+    from hybrid.workstation.microvm.backend import shape_of
+
+    b = MicrovmBackend()
+    spec = SandboxSpec(tier="microvm", budget=Budget(wall_seconds=600, memory="512M", pids=256))
+    inputs = {
+        "csv": ({"data.csv": data, "check.py": CSV_SCRIPT.encode()}, "python3 check.py", "ok 5000"),
+        "func": ({"func.py": (FUNC_SOURCE + FUNC_TESTS).encode()}, "python3 func.py", ""),
+    }
+
+    def cold(files: dict[str, bytes], command: str, check: str) -> Callable[[], None]:
+        def go() -> None:
+            with b.create(spec) as ws:
+                for name, blob in files.items():
+                    ws.put(blob, name)
+                result = ws.exec(command)
+                expect(result.ok and check in result.stdout, f"microvm: {command}: {result.detail}")
+
+        return go
+
+    colds = {job: [timed(cold(*inputs[job])) for _ in range(max(3, runs // 2))] for job in inputs}
+    with b.create(spec) as ws:
+        for files, _command, _check in inputs.values():
+            for name, blob in files.items():
+                ws.put(blob, name)
+        for job, (_files, command, check) in inputs.items():
+            warm = [
+                timed(lambda c=command, k=check: expect(k in ws.exec(c).stdout, c))
+                for _ in range(runs)
+            ]
+            add(job, "microvm", colds[job], warm)
+        execs = stats([timed(lambda: ws.exec(["true"])) for _ in range(runs)])
+
+    artifacts = build.built()
+    assert artifacts is not None
+    hardened = SandboxSpec(tier="microvm")
+    shape = shape_of(hardened)
+
+    def boot(snapshot: Path | None) -> float:
+        home = Path(tempfile.mkdtemp(prefix="hybrid-bench-vm-"))
+        started = time.perf_counter()
+        machine = vm.Machine(
+            artifacts, shape, home, [vm.Share("s0", home, "", False)], incoming=snapshot
+        )
+        try:
+            machine.connect()
+            first = machine.stream(
+                {
+                    "op": "exec",
+                    "argv": ["true"],
+                    "env": {},
+                    "cwd": "/",
+                    "timeout": 60,
+                    "limit": 1024,
+                    "uid": 1000,
+                },
+                time.monotonic() + 120,
+            )
+            expect(any(m.get("code") == 0 for m in first), "first command in a booted VM")
+            return (time.perf_counter() - started) * 1000
+        finally:
+            machine.close()
+            shutil.rmtree(home, ignore_errors=True)
+
+    template = vm.template(artifacts, shape)
+    accelerator = vm.accel()[0]
+    boots = stats([boot(None) for _ in range(max(3, runs // 3))])
+    restores = stats([boot(template) for _ in range(max(3, runs // 2))])
+    targets += [
+        {
+            "target": f"microvm cold boot to first command ({accelerator})",
+            "p50_ms": boots["p50"],
+            "p95_ms": boots["p95"],
+            "limit": 2500.0 if accelerator == "tcg" else 300.0,
+        },
+        {
+            "target": f"microvm from its snapshot to first command ({accelerator})",
+            "p50_ms": restores["p50"],
+            "p95_ms": restores["p95"],
+            "limit": 1000.0,
+        },
+        {
+            "target": f"exec in a running microVM ({accelerator})",
+            "p50_ms": execs["p50"],
+            "p95_ms": execs["p95"],
+            "limit": None,
+        },
+    ]
 
 
 def render(rows: list[dict[str, Any]], targets: list[dict[str, Any]], note: str) -> None:
@@ -485,7 +612,12 @@ def render(rows: list[dict[str, Any]], targets: list[dict[str, Any]], note: str)
             column, justify="left" if column in ("job", "tier") else "right", no_wrap=True
         )
     host = {r["job"]: r["warm"]["p50"] for r in rows if r["tier"] == "host"}
-    order = {t: i for i, t in enumerate(("wasm", "python-wasm", "docker", "gvisor", "host"))}
+    order = {
+        t: i
+        for i, t in enumerate(
+            ("wasm", "python-wasm", "bwrap", "docker", "gvisor", "microvm", "host")
+        )
+    }
     for row in sorted(
         rows, key=lambda r: (("csv", "func", "pytest").index(r["job"]), order[r["tier"]])
     ):

@@ -54,6 +54,7 @@ if _TYPE_CHECKING:
         Mount,
         NetworkPolicy,
         SandboxSpec,
+        Service,
         admit,
         enforce,
     )
@@ -66,7 +67,16 @@ if _TYPE_CHECKING:
 # pays only for what it touches (pydantic, wasmtime, tree-sitter, the Docker SDK).
 _LAZY = {
     **dict.fromkeys(
-        ["Budget", "Environment", "Mount", "NetworkPolicy", "SandboxSpec", "admit", "enforce"],
+        [
+            "Budget",
+            "Environment",
+            "Mount",
+            "NetworkPolicy",
+            "SandboxSpec",
+            "Service",
+            "admit",
+            "enforce",
+        ],
         "hybrid.policy",
     ),
     **dict.fromkeys(["ExecutionResult", "Termination", "TestOutcome", "Usage"], "hybrid.results"),
@@ -160,6 +170,7 @@ __all__ = [
     "Route",
     "SandboxSpec",
     "ScopeReport",
+    "Service",
     "SnapshotInfo",
     "Termination",
     "TestOutcome",

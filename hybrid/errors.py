@@ -16,7 +16,8 @@ Every error a user can act on is a ``HybridError`` and carries the CLI exit code
     │   └── DiskLimit                  the writable area hit its disk cap
     ├── EngineUnavailable (5)          a tier's engine (Docker, gVisor, a toolchain) is missing here
     ├── WorkstationError (6)           a workstation operation failed
-    │   └── WorkstationNotFound        also a LookupError
+    │   ├── WorkstationNotFound        also a LookupError
+    │   └── DependencyError            a project's dependencies could not be resolved or installed
     ├── ContextError (7)               repo map / context pack could not be built
     └── ModelError (8)                 a model endpoint failed (after its retries)
         ├── ModelTimeout               also a TimeoutError
@@ -122,6 +123,10 @@ class WorkstationNotFound(WorkstationError, LookupError):
     """No workstation, snapshot or file by that name."""
 
 
+class DependencyError(WorkstationError):
+    """A project's dependencies could not be resolved, downloaded or installed; the message says which."""
+
+
 class ContextError(HybridError):
     """A repo map, skeleton or context pack could not be built."""
 
@@ -144,6 +149,7 @@ class ModelExhausted(ModelError):
 
 __all__ = [
     "ContextError",
+    "DependencyError",
     "DiskLimit",
     "EngineUnavailable",
     "ExecTimeout",

@@ -85,7 +85,7 @@ def read_input(path: Path, what: str = "file", error: type[InvalidInput] = Inval
             raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
 
 
-def display(path: Path | str) -> str:
+def display(path: str | os.PathLike[str]) -> str:
     """A path for a one-line message: bytes that are not UTF-8 shown as escapes, never a crash."""
     text = os.fspath(path)
     try:

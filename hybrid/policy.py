@@ -130,6 +130,31 @@ DEFAULT_DISK = 2 * 1024**3
 DEFAULT_WASM_DISK = 64 * 1024**2
 """Scratch-directory cap of the WASM tiers when ``Budget.disk`` is unset."""
 
+WORKSTATION_BUDGET = {
+    "wall_seconds": 900.0,
+    "memory": 4 * 1024**3,
+    "pids": 1024,
+    "cpus": 2.0,
+}
+"""Budget defaults of a workstation command (``ws up``, ``hybrid.deps.up``): sized for a real
+test suite (requests' whole suite under 30 s / 256 MiB was killed at 11%). A field the spec
+sets explicitly (a policy file, --timeout, --memory) is kept; cpus never exceeds the host's."""
+
+
+def for_workstation(spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` with WORKSTATION_BUDGET for every budget field it leaves at the one-shot default."""
+    given = spec.budget.model_fields_set if "budget" in spec.model_fields_set else set()
+    update: dict[str, Any] = {
+        name: value for name, value in WORKSTATION_BUDGET.items() if name not in given
+    }
+    if "cpus" in update:
+        update["cpus"] = min(float(update["cpus"]), float(os.cpu_count() or 1))
+    if not update:
+        return spec
+    budget = spec.budget.model_copy(update=update)
+    budget.__pydantic_fields_set__ = set(spec.budget.model_fields_set)  # still "not given"
+    return spec.model_copy(update={"budget": budget})
+
 
 class Mount(_Strict):
     """A host path made visible inside the sandbox."""
@@ -174,6 +199,91 @@ class Environment(_Strict):
         return env
 
 
+class DepsPolicy(_Strict):
+    """Which of a project's dependencies may enter a workstation (``ws up --deps``, ``hybrid deps``).
+
+    Artifacts are resolved and downloaded on the host, pinned by name, version and sha256, and
+    checked against these rules (``hybrid.deps.admit``) before anything enters.
+    """
+
+    allow: list[str] = Field(
+        default_factory=list,
+        description="Package name patterns that may enter (globs); empty means any not denied.",
+    )
+    deny: list[str] = Field(
+        default_factory=list, description="Package name patterns that never enter (globs)."
+    )
+    require_pins: bool = Field(
+        False,
+        description="Every requirement the project declares must pin one version (==) or come from a lockfile.",
+    )
+    approved: Path | None = Field(
+        None,
+        description="A manifest file (hybrid deps lock --output); nothing outside its (name, version, sha256) enters.",
+    )
+    max_bytes: Size = Field(
+        2 * 1024**3,
+        gt=0,
+        description="Total size the admitted artifacts may have (accepts 500M, 2G).",
+    )
+    groups: list[str] = Field(
+        default_factory=lambda: ["test", "tests", "testing", "dev"],
+        description="Optional extras and dependency groups installed with the project's own.",
+    )
+
+
+_SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+
+
+class Service(_Strict):
+    """A service its workstation's commands reach on 127.0.0.1 (a database, a cache).
+
+    It runs in its own hardened container in the workstation's network namespace, which holds
+    only ``lo``: nothing else (another workstation, the host) reaches it, and it reaches nothing.
+    """
+
+    kind: Literal["postgres", "redis", "image"] = Field(
+        description="postgres or redis (images built here from Debian packages), or image (any local image)."
+    )
+    name: str | None = Field(
+        None, description="Name (a-z, 0-9, -), unique in the workstation; default the kind."
+    )
+    version: str | None = Field(
+        None, description="Major version (postgres 15, redis 7: what the Debian release ships)."
+    )
+    image: str | None = Field(
+        None, description="Local image to run (kind image; overrides the built one otherwise)."
+    )
+    port: int | None = Field(
+        None, gt=0, lt=65536, description="TCP port on 127.0.0.1 (default 5432 / 6379)."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Its settings: POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB; REDIS_PASSWORD; "
+            "anything for kind image. Throwaway values: they are kept in engine labels."
+        ),
+    )
+    command: list[str] | None = Field(None, description="Command of kind image (default its own).")
+    health: list[str] | None = Field(
+        None,
+        description="argv run inside it until it exits 0 (default pg_isready / redis-cli ping).",
+    )
+    data: str | None = Field(
+        None, description="Data directory kept in a volume and snapshots (kind image)."
+    )
+    ready_seconds: Number = Field(30.0, gt=0, description="How long it may take to be healthy.")
+    memory: Size = Field(256 * 1024**2, gt=0, description="Memory cap in bytes.")
+    pids: Count = Field(128, gt=0, description="Maximum processes and threads.")
+    cpus: Number = Field(1.0, gt=0, description="CPU share in cores.")
+    disk: Size = Field(1024**3, gt=0, description="Bytes its data volume may hold.")
+
+    @property
+    def key(self) -> str:
+        """Its name in the workstation: ``name`` or the kind."""
+        return self.name or self.kind
+
+
 def _known_tier(value: str) -> str:
     # A registry lookup rather than a Literal, so a registered tier is valid without editing here.
     known = ("auto", *tiers.names())
@@ -198,6 +308,12 @@ class SandboxSpec(_Strict):
     mounts: list[Mount] = Field(default_factory=list)
     workspace: str = Field("/workspace", description="The one writable area inside the sandbox.")
     env: Environment = Field(default_factory=Environment)
+    deps: DepsPolicy | None = Field(
+        None, description="Dependency admission for `ws up --deps` (unset: the defaults)."
+    )
+    services: list[Service] = Field(
+        default_factory=list, description="Services started with a workstation ([[services]])."
+    )
 
     @classmethod
     def from_toml(cls, path: str | Path) -> SandboxSpec:
@@ -233,6 +349,18 @@ class SandboxSpec(_Strict):
             del data["budget"]["disk"]  # TOML has no null: unset means the tier's default
         else:
             data["budget"]["disk"] = format_size(data["budget"]["disk"])
+        if data["deps"] is None:
+            del data["deps"]
+        else:
+            data["deps"]["max_bytes"] = format_size(data["deps"]["max_bytes"])
+            if data["deps"]["approved"] is None:
+                del data["deps"]["approved"]
+        if data["services"]:
+            data["services"] = [
+                {k: v for k, v in service.items() if v is not None} for service in data["services"]
+            ]
+        else:
+            del data["services"]
         return tomli_w.dumps(data)
 
 
@@ -561,6 +689,8 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
                 f"env: {name} looks like a credential; host credentials are never inherited (set a scoped value in env.set)"
             )
 
+    violations += _service_problems(spec, tier)
+
     budget = spec.budget
     checks = (
         ("wall_seconds", budget.wall_seconds, [lim.wall_seconds for lim in limits]),
@@ -593,6 +723,49 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
                     f"budget.{name}: {show(value)} is below the {tier} tier's minimum of {show(floor)} ({why})"
                 )
     return violations
+
+
+def _service_problems(spec: SandboxSpec, tier: str) -> list[str]:
+    if not spec.services:
+        return []
+    problems = []
+    if tier != "auto":
+        refusal = getattr(tiers.get(tier), "services_refusal", "")
+        if refusal is None:
+            pass
+        elif refusal:
+            problems.append(refusal)
+        else:
+            problems.append(f"services: the {tier} tier runs no services; use the docker tier")
+    from hybrid.workstation.services import default_port
+    from hybrid.workstation.services import problems as settings_problems
+
+    names: set[str] = set()
+    ports: dict[int, str] = {}
+    if spec.network.mode == "egress":
+        from hybrid.workstation.proxy import PORT
+
+        ports[PORT] = "the egress proxy"
+    for i, service in enumerate(spec.services):
+        where = f"services[{i}] {service.key}"
+        if not _SERVICE_NAME.match(service.key):
+            problems.append(f"{where}: name must be 1-31 of a-z 0-9 - starting with a letter")
+        if service.key in names:
+            problems.append(f"{where}: two services are named {service.key}; set name")
+        names.add(service.key)
+        if service.kind == "image" and not service.image:
+            problems.append(f"{where}: kind image needs image = a local image")
+        if service.kind != "image" and (service.command or service.data):
+            problems.append(f"{where}: command and data are for kind image")
+        problems += [f"{where}: {problem}" for problem in settings_problems(service)]
+        if service.data is not None and not PurePosixPath(service.data).is_absolute():
+            problems.append(f"{where}: data must be an absolute path")
+        port = service.port or default_port(service.kind)
+        if port in ports:
+            problems.append(f"{where}: port {port} is taken by {ports[port]}; set port")
+        if port is not None:
+            ports[port] = service.key
+    return problems
 
 
 def enforce(spec: SandboxSpec, tier: str | None = None) -> SandboxSpec:

@@ -1,7 +1,8 @@
-"""The one result every tier returns."""
+"""The one result every tier returns, and the one rule that finishes it (``finish_result``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +32,18 @@ class Usage(BaseModel):
     fuel_used: int | None = Field(None, description="WebAssembly fuel consumed (wasm tier only).")
     peak_memory_bytes: int | None = Field(None, description="Peak memory, where known.")
     cpu_ms: float | None = Field(None, description="CPU time, where known.")
+    # Process tiers read these from the sandbox's cgroup: for one command in a long-lived
+    # workstation, the growth during that command (concurrent commands share the counters).
+    cpu_user_seconds: float | None = Field(None, description="CPU time in user mode, seconds.")
+    cpu_system_seconds: float | None = Field(None, description="CPU time in the kernel, seconds.")
+    cpu_throttled_seconds: float | None = Field(
+        None, description="Time the CPU quota held the sandbox back, seconds."
+    )
+    oom_events: int | None = Field(
+        None, description="Processes the kernel killed at the memory cap."
+    )
+    block_read_bytes: int | None = Field(None, description="Bytes read from block devices.")
+    block_write_bytes: int | None = Field(None, description="Bytes written to block devices.")
 
 
 class TestOutcome(BaseModel):
@@ -87,3 +100,67 @@ class ExecutionResult(BaseModel):
             Termination.DISK_LIMIT: DiskLimit,
         }.get(self.termination, ExecutionError)
         raise error(message, result=self)
+
+
+_ENDED_ON_ITS_OWN = (Termination.OK, Termination.NONZERO_EXIT)
+
+
+def finish_result(
+    tier: str,
+    termination: Termination,
+    exit_code: int | None,
+    *,
+    stdout: bytes | bytearray | str = b"",
+    stderr: bytes | bytearray | str = b"",
+    stdout_truncated: bool = False,
+    stderr_truncated: bool = False,
+    output_bytes: int,
+    wall_ms: float,
+    detail: str = "",
+    output_cap_closes: bool = False,
+    fuel_used: int | None = None,
+    peak_memory_bytes: int | None = None,
+    cpu_ms: float | None = None,
+    tests: Sequence[TestOutcome] = (),
+    traceback: str | None = None,
+) -> ExecutionResult:
+    """The ExecutionResult of a finished run: every tier ends its runs through this one rule.
+
+    The tier classifies how its run ended (``termination``, ``exit_code``, ``detail``); this
+    applies what is the same everywhere:
+
+    * Output limit: a stream cut at ``output_bytes`` (``*_truncated``) makes the run
+      OUTPUT_LIMIT, "output over N bytes was cut". With ``output_cap_closes`` (the tier closes
+      the guest's stream at the cap, as the wasm tiers do, so the guest sees a failed write)
+      this replaces any ending, since whatever followed came from the cut; otherwise (a
+      process tier drops the output past the cap and the process runs on) it replaces only an
+      ending the run reached on its own (OK, NONZERO_EXIT): a timeout, an OOM kill or a dead
+      sandbox says more.
+    * Fuel after an interrupt: ``fuel_used == 0`` on a TIMEOUT becomes None (unknown), since
+      an epoch interrupt inside pure wasm code does not write the fuel counter back.
+    * Output bytes are decoded as UTF-8, undecodable bytes replaced.
+    """
+    if termination is Termination.TIMEOUT and fuel_used == 0:
+        fuel_used = None
+    cut = stdout_truncated or stderr_truncated
+    if cut and (output_cap_closes or termination in _ENDED_ON_ITS_OWN):
+        termination, detail = Termination.OUTPUT_LIMIT, f"output over {output_bytes} bytes was cut"
+    return ExecutionResult(
+        tier=tier,
+        termination=termination,
+        exit_code=exit_code,
+        stdout=_text(stdout),
+        stderr=_text(stderr),
+        stdout_truncated=stdout_truncated,
+        stderr_truncated=stderr_truncated,
+        usage=Usage(
+            wall_ms=wall_ms, fuel_used=fuel_used, peak_memory_bytes=peak_memory_bytes, cpu_ms=cpu_ms
+        ),
+        detail=detail,
+        tests=list(tests),
+        traceback=traceback,
+    )
+
+
+def _text(data: bytes | bytearray | str) -> str:
+    return data if isinstance(data, str) else data.decode("utf-8", errors="replace")

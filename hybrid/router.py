@@ -23,6 +23,7 @@ from hybrid import tiers
 from hybrid.errors import EngineUnavailable, PolicyViolation
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult
+from hybrid.tiers.base import probe_session
 
 TierChoice = str
 """``auto`` or a registered tier's name (hybrid.tiers.names())."""
@@ -102,20 +103,26 @@ class Route(BaseModel):
 
 
 Availability = Mapping[str, tuple[bool, str]]
-_availability_cache: dict[str, tuple[bool, str]] | None = None
+_probed: dict[str, tuple[bool, str]] = {}
+
+
+def _probe(name: str) -> tuple[bool, str]:
+    """(available, reason) of tier ``name`` on this host, probed once per process."""
+    if name not in _probed:
+        found = tiers.get(name).probe()
+        _probed[name] = (
+            found.available,
+            found.detail if found.available else f"{found.detail}; fix: {found.fix}",
+        )
+    return _probed[name]
 
 
 def availability(refresh: bool = False) -> dict[str, tuple[bool, str]]:
     """tier -> (available, reason) on this host, from ``hybrid doctor``'s probes (cached per process)."""
-    global _availability_cache
-    if _availability_cache is None or refresh:
-        from hybrid.workstation.doctor import probe
-
-        _availability_cache = {
-            s.tier: (s.available, s.detail if s.available else f"{s.detail}; fix: {s.fix}")
-            for s in probe()
-        }
-    return dict(_availability_cache)
+    if refresh:
+        _probed.clear()
+    with probe_session():
+        return {name: _probe(name) for name in tiers.names()}
 
 
 def _fit(job: Job, tier: str) -> str | None:
@@ -126,9 +133,19 @@ def _fit(job: Job, tier: str) -> str | None:
 def route(job: Job, tier: TierChoice = "auto", available: Availability | None = None) -> Route:
     """Pick the cheapest tier that honours ``job`` and is available; PolicyViolation if none."""
     wanted = tier if tier != "auto" else job.spec.tier
-    host = dict(available) if available is not None else availability()
     rejected: dict[str, str] = {}
     candidates = tiers.names() if wanted == "auto" else (wanted,)
+    with probe_session():  # only the tiers that fit are probed, cheapest first
+        return _route(job, wanted, candidates, available, rejected)
+
+
+def _route(
+    job: Job,
+    wanted: str,
+    candidates: tuple[str, ...],
+    available: Availability | None,
+    rejected: dict[str, str],
+) -> Route:
     for name in candidates:
         misfit = _fit(job, name)
         if misfit is None:
@@ -138,7 +155,7 @@ def route(job: Job, tier: TierChoice = "auto", available: Availability | None = 
         if misfit is not None:
             rejected[name] = misfit
             continue
-        ok, why = host.get(name, (False, "not probed"))
+        ok, why = _probe(name) if available is None else available.get(name, (False, "not probed"))
         if not ok:
             rejected[name] = f"not available here: {why}"
             continue

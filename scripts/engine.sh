@@ -2,7 +2,8 @@
 # Bring up the container tiers on this machine, idempotently:
 #   install docker.io, runsc (gVisor) and debootstrap when missing,
 #   write a daemon config that registers runsc, start dockerd when it is not running,
-#   wait for the engine, and build the base workstation image once (reused when present).
+#   wait for the engine, and build the base workstation image and the service images (postgres,
+#   redis) once (reused when present).
 # Needs root. Safe to run again at any time.
 set -euo pipefail
 
@@ -98,4 +99,15 @@ if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
         python3 -c "from hybrid.cli import main; main()" image bootstrap --tag "$IMAGE"
     fi
 fi
+# Service images for [[services]] (from the base image and Debian packages; reused when present).
+for service in postgres:15 redis:7; do
+    if ! docker image inspect "hybrid/${service}" >/dev/null 2>&1; then
+        log "building the service image hybrid/${service}"
+        if command -v hybrid >/dev/null 2>&1; then
+            hybrid image bootstrap --service "$service"
+        else
+            python3 -c "from hybrid.cli import main; main()" image bootstrap --service "$service"
+        fi
+    fi
+done
 log "engine ready ($(docker version --format '{{.Server.Version}}'), image $IMAGE)"

@@ -74,6 +74,30 @@ def require_runtime(engine) -> Callable[[str], str]:  # type: ignore[no-untyped-
 
 
 @pytest.fixture(scope="session")
+def bwrap_backend():  # type: ignore[no-untyped-def]
+    """The bwrap backend, once the tier's probe passes (bubblewrap, root, cgroups, seccomp)."""
+    from hybrid.tiers.bwrap import BWRAP
+
+    found = BWRAP.probe()
+    if not found.available:
+        _missing(f"the bwrap tier is unavailable: {found.detail} ({found.fix})")
+    return BWRAP.backend()
+
+
+@pytest.fixture(scope="session")
+def microvm():  # type: ignore[no-untyped-def]
+    """The microVM backend, once QEMU and its artifacts are there (``hybrid image microvm``);
+    a skip when absent, a failure under HYBRID_REQUIRE_ENGINE=1."""
+    from hybrid.tiers.microvm import MICROVM
+    from hybrid.workstation.microvm import MicrovmBackend
+
+    found = MICROVM.probe()
+    if not found.available:
+        _missing(f"the microvm tier is unavailable: {found.detail} ({found.fix})")
+    return MicrovmBackend()
+
+
+@pytest.fixture(scope="session")
 def probe() -> Path:
     """The containment probe (tests/wasm/probe.rs) built for wasm32-wasi, cached by source hash."""
     digest = hashlib.sha256(PROBE_SOURCE.read_bytes()).hexdigest()[:16]

@@ -205,7 +205,8 @@ def gate(
         else:
             checks.append(GateCheck(name="related tests", passed=True, detail="none found"))
     say("workstation: copying the repository in")
-    with backend().create(spec or DEFAULT_SPEC, image=image, repo=repo) as ws:
+    spec = spec or DEFAULT_SPEC
+    with backend(spec.tier).create(spec, image=image, repo=repo) as ws:
         say("applying the patch and running the tests")
         checks += run_in(ws, patch, commands)
         for check in checks:
@@ -230,7 +231,7 @@ def related_tests(repo: Path, files: Sequence[str]) -> list[str]:
     from hybrid.context.resolve import is_test_path
 
     graph = load_graph(repo)
-    paths: list[str] = graph["paths"]
+    paths: list[str] = graph.paths
     index = {p: i for i, p in enumerate(paths)}
     reverse = importers(graph)
     found: set[str] = {f for f in files if f in index and is_test_path(f)}
@@ -238,9 +239,9 @@ def related_tests(repo: Path, files: Sequence[str]) -> list[str]:
     names = {n for s in stems for n in (f"test_{s}", f"{s}_test")}
     for f in files:
         if f in index:
-            found.update(paths[i] for i in reverse[index[f]] if graph["tests"][i])
+            found.update(paths[i] for i in reverse[index[f]] if graph.tests[i])
     found.update(
-        p for i, p in enumerate(paths) if graph["tests"][i] and PurePosixPath(p).stem in names
+        p for i, p in enumerate(paths) if graph.tests[i] and PurePosixPath(p).stem in names
     )
     return sorted(found)
 

@@ -545,7 +545,8 @@ def solve(
                 from hybrid.workstation import backend
 
                 run.say("workstation: copying the repository in")
-                base = stack.enter_context(backend().create(spec or WS_SPEC, repo=task.repo))
+                spec = spec or WS_SPEC
+                base = stack.enter_context(backend(spec.tier).create(spec, repo=task.repo))
                 forks = _Forks(base, k)
                 stack.callback(forks.close)
                 _loop(run, report, messages, _repo_steps(task, forks, run.say))

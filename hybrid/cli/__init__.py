@@ -36,6 +36,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "image",
         "Build the base workstation image with debootstrap (no registry).",
     ),
+    "deps": (
+        "hybrid.cli.deps",
+        "deps",
+        "A project's dependencies: locked on the host, admitted, installed offline.",
+    ),
+    "cache": (
+        "hybrid.cli.deps",
+        "cache",
+        "Dependency caches (artifact store, installed layers): sizes and pruning.",
+    ),
     "run": ("hybrid.cli.tiers", "run_cmd", "Run a command on the cheapest tier that honours it."),
     "route": ("hybrid.cli.tiers", "route_cmd", "Explain which tier would run a job, and why."),
     "doctor": (

@@ -73,10 +73,20 @@ def budget_options(*names: str) -> Callable[[Any], Any]:
 
 
 def spec_from_options(
-    policy_file: Path | None, default: SandboxSpec, allow: tuple[str, ...] = (), **values: Any
+    policy_file: Path | None,
+    default: SandboxSpec,
+    allow: tuple[str, ...] = (),
+    adjust: Callable[[SandboxSpec], SandboxSpec] | None = None,
+    **values: Any,
 ) -> SandboxSpec:
-    """The policy file's spec (or ``default``) with the budget options that were given applied."""
+    """The policy file's spec (or ``default``) with the budget options that were given applied.
+
+    ``adjust`` (e.g. ``policy.for_workstation``) sees the spec before the options, so it can
+    tell the fields the file set from the defaults it left.
+    """
     spec = SandboxSpec.from_toml(policy_file) if policy_file else default
+    if adjust is not None:
+        spec = adjust(spec)
     overrides = {_FIELD_FOR.get(k, k): v for k, v in values.items() if v is not None}
     try:
         budget = Budget.model_validate(spec.budget.model_dump() | overrides)

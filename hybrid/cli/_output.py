@@ -11,7 +11,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from hybrid.results import ExecutionResult, Termination
+from hybrid.results import ExecutionResult, Termination, Usage
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 
@@ -59,15 +59,39 @@ def render_result(result: ExecutionResult, streamed: bool = False) -> None:
     for cut, name in ((result.stdout_truncated, "stdout"), (result.stderr_truncated, "stderr")):
         if cut:
             click.echo(f"hybrid: {name} was cut at the output_bytes budget", err=True)
-    if result.tests or not result.ok:
+    metered = result.usage.cpu_user_seconds is not None
+    if result.tests or not result.ok or metered:
         usage = result.usage
         fuel = f", fuel {usage.fuel_used:,}" if usage.fuel_used is not None else ""
         passed = sum(t.passed for t in result.tests)
         tests = f", {passed}/{len(result.tests)} tests passed" if result.tests else ""
         status = "ok" if result.ok else f"{result.termination.value}: {result.detail}"
         click.echo(
-            f"hybrid: {result.tier} {status} ({usage.wall_ms:.1f} ms{fuel}{tests})", err=True
+            f"hybrid: {result.tier} {status} ({usage.wall_ms:.1f} ms{fuel}{tests}"
+            f"{usage_text(usage)})",
+            err=True,
         )
+
+
+def usage_text(usage: Usage) -> str:
+    """The cgroup counters of a process-tier run, for a person (empty when there are none)."""
+    from hybrid.policy import human_size
+
+    parts = []
+    if usage.cpu_user_seconds is not None and usage.cpu_system_seconds is not None:
+        parts.append(f"cpu {usage.cpu_user_seconds:.2f}s user {usage.cpu_system_seconds:.2f}s sys")
+    if usage.peak_memory_bytes is not None:
+        parts.append(f"peak {human_size(usage.peak_memory_bytes)}")
+    if usage.cpu_throttled_seconds:
+        parts.append(f"throttled {usage.cpu_throttled_seconds:.2f}s")
+    if usage.oom_events:
+        parts.append(f"{usage.oom_events} OOM kill{'s' if usage.oom_events > 1 else ''}")
+    if usage.block_read_bytes or usage.block_write_bytes:
+        parts.append(
+            f"io {human_size(usage.block_read_bytes or 0)} read "
+            f"{human_size(usage.block_write_bytes or 0)} written"
+        )
+    return "".join(f", {p}" for p in parts)
 
 
 def exit_code_for(result: ExecutionResult) -> int:

@@ -15,13 +15,22 @@ from hybrid.errors import InvalidInput
 from hybrid.policy import SandboxSpec
 
 
-def container_spec(opts: dict[str, Any], tier: str = "auto") -> SandboxSpec:
-    """The spec for a sandbox from --policy and the budget options (see sandbox_options)."""
+def container_spec(
+    opts: dict[str, Any], tier: str = "auto", *, workstation: bool = False
+) -> SandboxSpec:
+    """The spec for a sandbox from --policy and the budget options (see sandbox_options).
+
+    ``workstation``: budget fields neither the file nor an option sets take the workstation
+    defaults (policy.WORKSTATION_BUDGET), sized for a real test suite.
+    """
+    from hybrid.policy import for_workstation
+
     default = SandboxSpec(tier=tier)
     spec = spec_from_options(
         opts["policy_file"],
         default,
         opts["allow"],
+        adjust=for_workstation if workstation else None,
         timeout=opts["timeout"],
         memory=opts["memory"],
         pids=opts["pids"],

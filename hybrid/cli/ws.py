@@ -5,16 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from hybrid.cli._options import TierChoice
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.cli.tiers import container_spec, sandbox_options
-from hybrid.errors import InvalidInput
+from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationNotFound
 from hybrid.workstation.base import (
     Backend,
+    GcReport,
     Snapshots,
     Workstation,
     snapshots_of,
@@ -24,11 +27,38 @@ from hybrid.workstation.base import (
 if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
 
+T = TypeVar("T")
 
-def _backend() -> Backend:
+
+def _backend(tier: str = "docker") -> Backend:
     from hybrid.workstation import backend
 
-    return backend()
+    return backend(tier)
+
+
+def _open(name: str) -> Workstation:
+    from hybrid.workstation import locate
+
+    return locate(name)
+
+
+def _each(ask: Callable[[Backend], T]) -> list[T]:
+    """``ask`` of every workstation backend; one whose engine is down is passed over (with a
+    line on stderr) unless every one is."""
+    from hybrid.workstation import backends
+
+    answers: list[T] = []
+    down: list[EngineUnavailable] = []
+    for backend in backends():
+        try:
+            answers.append(ask(backend))
+        except EngineUnavailable as exc:
+            down.append(exc)
+    if down and not answers:
+        raise down[0]
+    for reason in down:
+        click.echo(f"hybrid: skipped: {reason}", err=True)
+    return answers
 
 
 @click.group()
@@ -47,7 +77,26 @@ def ws() -> None:
 @click.option(
     "--from", "snapshot", help="Snapshot to start from (its files and installed packages)."
 )
-@click.option("--gvisor", is_flag=True, help="Run under gVisor (runsc) instead of runc.")
+@click.option(
+    "--tier",
+    type=TierChoice(auto=False),
+    help="The tier to run it in (default docker; one that keeps workstations).",
+)
+@click.option("--gvisor", is_flag=True, help="Same as --tier gvisor.")
+@click.option(
+    "--deps",
+    "with_deps",
+    is_flag=True,
+    help="Install the repository's dependencies (locked on the host, admitted by the policy's "
+    "[deps], installed with the network off; reused while the lockfile is unchanged).",
+)
+@click.option(
+    "--service",
+    "service_kinds",
+    multiple=True,
+    metavar="KIND[:VERSION]",
+    help="Start a service with it: postgres or redis (repeatable; [[services]] in a policy says more).",
+)
 @sandbox_options
 @json_option
 def up(
@@ -55,19 +104,50 @@ def up(
     repo: Path | None,
     image: str | None,
     snapshot: str | None,
+    tier: str | None,
     gvisor: bool,
+    with_deps: bool,
+    service_kinds: tuple[str, ...],
     as_json: bool,
     **opts: Any,
 ) -> None:
     """Start a workstation (it stays until `ws down`)."""
-    tier = "gvisor" if gvisor else "docker"
-    spec = container_spec(opts, tier)
-    backend = _backend()
-    text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
+    if gvisor and tier not in (None, "gvisor"):
+        raise InvalidInput(f"--gvisor contradicts --tier {tier}")
+    chosen = "gvisor" if gvisor else tier
+    spec = container_spec(opts, chosen or "docker", workstation=True)
+    if with_deps and (repo is None or snapshot):
+        raise InvalidInput("--deps installs a repository's dependencies: give --repo (not --from)")
+    if service_kinds:
+        if snapshot:
+            raise InvalidInput("--from starts the snapshot's own services; drop --service")
+        spec = _with_services(spec, service_kinds)
+    backend = _backend(chosen or "docker")
+    text = f"starting a {spec.tier} workstation" + (f" with a copy of {repo}" if repo else "")
     with _status(as_json, text):
-        made = _up(backend, name, repo, image, snapshot, gvisor, spec, opts)
+        if with_deps and repo is not None:
+            from hybrid import deps
+
+            made = deps.up(backend, repo, spec, image=image, name=name, persistent=True)
+        else:
+            made = _up(backend, name, repo, image, snapshot, chosen is not None, spec, opts)
     info = made.info()
     emit(info, as_json, lambda: click.echo(info.name))
+
+
+def _with_services(spec: SandboxSpec, kinds: tuple[str, ...]) -> SandboxSpec:
+    from hybrid.errors import PolicyError
+    from hybrid.policy import Service
+
+    added = []
+    for item in kinds:
+        kind, _, version = item.partition(":")
+        if kind not in ("postgres", "redis"):
+            raise PolicyError(
+                f"--service {item!r}: use postgres or redis (other images: [[services]] in a policy)"
+            )
+        added.append(Service(kind=kind, version=version or None))
+    return spec.model_copy(update={"services": [*spec.services, *added]})
 
 
 def _status(as_json: bool, text: str) -> Any:
@@ -85,7 +165,7 @@ def _up(
     repo: Path | None,
     image: str | None,
     snapshot: str | None,
-    gvisor: bool,
+    tier_given: bool,
     spec: SandboxSpec,
     opts: dict[str, Any],
 ) -> Workstation:
@@ -98,7 +178,7 @@ def _up(
             opts["policy_file"]
             or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus", "disk"))
             or opts["allow"]
-            or gvisor
+            or tier_given
         )
         return snapshots_of(backend).start(
             snapshot, spec=spec if given else None, name=name, persistent=True
@@ -136,7 +216,7 @@ def exec_(
         if not sep or not key:
             raise InvalidInput(f"--env {item!r}: use NAME=VALUE")
         variables[key] = value
-    workstation = _backend().open(name)
+    workstation = _open(name)
 
     def live(kind: str, chunk: bytes) -> None:
         stream = sys.stdout if kind == "stdout" else sys.stderr
@@ -155,6 +235,27 @@ def exec_(
     raise click.exceptions.Exit(exit_code_for(result))
 
 
+@ws.command("deps")
+@click.argument("name")
+@json_option
+def deps_cmd(name: str, as_json: bool) -> None:
+    """What entered a workstation made with --deps: every artifact, pinned, and the layer."""
+    from hybrid import deps
+
+    record = deps.installed(_open(name))
+
+    def render() -> None:
+        manifest = record.manifest
+        hit = "reused" if record.cache_hit else "built"
+        click.echo(
+            f"{record.workstation}: {len(manifest.artifacts)} artifacts from {record.layer} ({hit})"
+        )
+        for artifact in manifest.artifacts:
+            click.echo(f"  {artifact.name} {artifact.version}  sha256:{artifact.sha256}")
+
+    emit(record, as_json, render)
+
+
 @ws.command("shell")
 @click.argument("name")
 @click.option(
@@ -167,7 +268,7 @@ def shell(name: str, program: str, as_json: bool) -> None:
     With --json, print the attach command instead of running it (for a terminal or tool to run):
     the policy's variables appear by name in "env", their values never.
     """
-    workstation = _backend().open(name)
+    workstation = _open(name)
     # -t only with a terminal: piped input (a script, a test) still reaches the shell.
     attach = workstation.attach_command(program, tty=sys.stdin.isatty() or as_json)
     if as_json:
@@ -188,19 +289,18 @@ def cp(source: str, dest: str, as_json: bool) -> None:
     inside_src, inside_dest = _split(source), _split(dest)
     if (inside_src is None) == (inside_dest is None):
         raise InvalidInput("exactly one side must be NAME:PATH (a workstation path)")
-    backend = _backend()
     if inside_dest is not None:
         name, path = inside_dest
         if not Path(source).exists():
             raise InvalidInput(f"{source}: no such file or directory")
-        workstation = backend.open(name)
+        workstation = _open(name)
         target = path if not path.endswith("/") else path + Path(source).name
         workstation.put(Path(source), target)
         summary = {"copied": source, "to": f"{name}:{target}"}
     else:
         assert inside_src is not None
         name, path = inside_src
-        backend.open(name).get(path, Path(dest))
+        _open(name).get(path, Path(dest))
         summary = {"copied": f"{name}:{path}", "to": dest}
     emit(summary, as_json, lambda: click.echo(f"{summary['copied']} -> {summary['to']}", err=True))
 
@@ -220,7 +320,7 @@ def _split(value: str) -> tuple[str, str] | None:
 @json_option
 def diff(name: str, output: Path | None, as_json: bool) -> None:
     """The agent's changes as a unified diff (apply with `git apply`)."""
-    patch = _backend().open(name).diff()
+    patch = _open(name).diff()
     # Files in other encodings come back as surrogate escapes: write the original bytes.
     raw = patch.encode("utf-8", errors="surrogateescape")
     if output is not None:
@@ -242,7 +342,7 @@ def diff(name: str, output: Path | None, as_json: bool) -> None:
 def snapshot(name: str, snapshot: str, as_json: bool) -> None:
     """Commit a workstation (files, installed packages) as SNAPSHOT; start from it with `ws up --from`."""
     with _status(as_json, f"committing {name} as {snapshot}"):
-        info = snapshotting(_backend().open(name)).snapshot(snapshot)
+        info = snapshotting(_open(name)).snapshot(snapshot)
     emit(info, as_json, lambda: click.echo(info.name))
 
 
@@ -253,7 +353,7 @@ def snapshot(name: str, snapshot: str, as_json: bool) -> None:
 def fork(name: str, count: int, as_json: bool) -> None:
     """Start COUNT copies of a workstation's current state, for parallel attempts."""
     with _status(as_json, f"forking {name} into {count}"):
-        forks = snapshotting(_backend().open(name)).fork(count)
+        forks = snapshotting(_open(name)).fork(count)
     infos = [f.info() for f in forks]
     emit(infos, as_json, lambda: click.echo("\n".join(i.name for i in infos)))
 
@@ -262,16 +362,20 @@ def fork(name: str, count: int, as_json: bool) -> None:
 @json_option
 def ls(as_json: bool) -> None:
     """Workstations and snapshots on this engine."""
-    backend = _backend()
-    workstations = backend.list()
-    snapshots = backend.snapshots() if isinstance(backend, Snapshots) else []
+    workstations = [w for part in _each(lambda b: b.list()) for w in part]
+    snapshots = [
+        s
+        for part in _each(lambda b: b.snapshots() if isinstance(b, Snapshots) else [])
+        for s in part
+    ]
 
     def render() -> None:
         from rich.console import Console
         from rich.table import Table
 
         table = Table(title="workstations")
-        for column in ("name", "tier", "status", "image", "kept", "from snapshot", "egress"):
+        columns = ("name", "tier", "status", "image", "kept", "from snapshot", "egress", "services")
+        for column in columns:
             table.add_column(column)
         for w in workstations:
             table.add_row(
@@ -282,6 +386,7 @@ def ls(as_json: bool) -> None:
                 "yes" if w.persistent else "no",
                 w.snapshot_of or "",
                 "" if w.egress_events is None else f"{w.egress_events} requests",
+                ", ".join(f"{s.name}:{s.port} {s.status}" for s in w.services),
             )
         console = Console()
         console.print(table)
@@ -301,7 +406,7 @@ def ls(as_json: bool) -> None:
 @json_option
 def egress(name: str, as_json: bool) -> None:
     """Every request a workstation made through its egress proxy: allowed, refused, failed."""
-    events = _backend().open(name).egress_log()
+    events = _open(name).egress_log()
 
     def render() -> None:
         if not events:
@@ -340,11 +445,10 @@ def down(names: tuple[str, ...], snapshots: tuple[str, ...], as_json: bool) -> N
     """Remove workstations (and their workspaces), and snapshots named with --snapshot."""
     if not names and not snapshots:
         raise InvalidInput("name a workstation (or --snapshot NAME)")
-    backend = _backend()
     for name in names:
-        backend.open(name).remove()
+        _open(name).remove()
     for snap in snapshots:
-        snapshots_of(backend).remove_snapshot(snap)
+        _remove_snapshot(snap)
     summary = {"removed": list(names), "snapshots": list(snapshots)}
     emit(
         summary,
@@ -360,7 +464,12 @@ def down(names: tuple[str, ...], snapshots: tuple[str, ...], as_json: bool) -> N
 @json_option
 def gc(everything: bool, as_json: bool) -> None:
     """Remove what crashed clients left behind (containers, volumes, fork snapshots)."""
-    report = _backend().gc(everything)
+    report = GcReport()
+    for part in _each(lambda b: b.gc(everything)):
+        report.containers += part.containers
+        report.volumes += part.volumes
+        report.networks += part.networks
+        report.images += part.images
 
     def render() -> None:
         total = len(report.containers) + len(report.volumes) + len(report.images)
@@ -371,3 +480,17 @@ def gc(everything: bool, as_json: bool) -> None:
         )
 
     emit(report, as_json, render)
+
+
+def _remove_snapshot(name: str) -> None:
+    """Remove snapshot ``name`` from whichever backend holds it."""
+    from hybrid.workstation import backends
+
+    holders = [b for b in backends() if isinstance(b, Snapshots)]
+    if not holders:
+        snapshots_of(_backend())  # raises: no backend keeps snapshots
+    for backend in holders:
+        with contextlib.suppress(WorkstationNotFound):
+            backend.remove_snapshot(name)
+            return
+    raise WorkstationNotFound(f"no snapshot named {name}")

@@ -21,6 +21,7 @@ _EXPORTS = {
     "Definition": "hybrid.context.tags",
     "extract": "hybrid.context.tags",
     "load_graph": "hybrid.context.repomap",
+    "Graph": "hybrid.context.graph",
     "repo_map": "hybrid.context.repomap",
     "RepoMap": "hybrid.context.repomap",
     "MapEntry": "hybrid.context.repomap",

@@ -7,6 +7,7 @@ and the import lines of its file that the body uses. A file small enough goes in
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,10 @@ from hybrid.context.text import IDENT_RE, count_tokens
 SMALL_FILE_SHARE = 0.25  # a whole file costing at most this share of the budget goes in whole
 FIRST_FILE_SHARE = 0.6  # ... and the best symbol's file, up to this share: fixes spread out
 CLASS_MAX_TOKENS = 400  # a larger class is represented by its methods, not its whole body
+# A body's packing priority is its score less SIZE_PENALTY per doubling of its size above
+# SIZE_FLOOR tokens: a fix sits in one of many small bodies more often than in one big one.
+SIZE_PENALTY = 0.1
+SIZE_FLOOR = 100
 _CONTAINERS = frozenset({"class", "interface", "module", "type"})
 _IMPORT_START = {
     "python": re.compile(r"^(import\s|from\s+\S+\s+import\s)"),
@@ -94,6 +99,23 @@ def _header_lines(f: _File, cls: Definition) -> list[str]:
     return out
 
 
+def body_tokens(lines: list[str], hit: SymbolHit) -> int:
+    """Tokens of ``hit``'s body (with its doc comment and decorators)."""
+    a, b = hit.span
+    return count_tokens("\n".join(lines[a - 1 : b]))
+
+
+def packing_order(hits: list[SymbolHit], cost: list[int]) -> list[SymbolHit]:
+    """``hits`` in the order the packer tries them: score less a penalty that grows with
+    the body's size (``cost``: its tokens), ties by the hits' own order."""
+    key = [
+        h.score - SIZE_PENALTY * math.log2(max(c, SIZE_FLOOR) / SIZE_FLOOR)
+        for h, c in zip(hits, cost, strict=True)
+    ]
+    order = sorted(range(len(hits)), key=lambda k: (-round(key[k], 9), k))
+    return [hits[k] for k in order]
+
+
 class BodyPacker:
     """Chooses bodies for ``SymbolHit``s until ``budget`` tokens are used."""
 
@@ -105,6 +127,14 @@ class BodyPacker:
         self.files: dict[str, _File] = {}
         self.order: list[str] = []
         self.chosen: list[SymbolHit] = []
+
+    def packing(self, hits: list[SymbolHit]) -> list[SymbolHit]:
+        """``hits`` in packing order (see ``packing_order``)."""
+        cost = []
+        for h in hits:
+            f = self._file(h.path)
+            cost.append(body_tokens(f.lines, h) if f is not None else 0)
+        return packing_order(hits, cost)
 
     def _file(self, path: str) -> _File | None:
         f = self.files.get(path)
@@ -232,15 +262,22 @@ class BodyPacker:
         parts.extend(text for _, text in sorted(blocks))
         return "".join(parts)
 
+    def _spans(self, f: _File) -> list[tuple[int, int]]:
+        """Lines held verbatim: the bodies, the import statements and the class headers."""
+        spans = [(d.line, d.end_line) for d in f.defs]
+        spans += [f.imports[k] for k in sorted(f.used_imports)]
+        for cls in f.headers.values():
+            if not any(o.line <= cls.line and cls.end_line <= o.end_line for o in f.defs):
+                spans.append((cls.line, cls.line + len(_header_lines(f, cls)) - 1))
+        return spans
+
     def result(self) -> list[tuple[str, str, list[tuple[int, int]], list[str], bool]]:
-        """Per file, in the order files were first chosen: (path, text, body spans, names,
-        whole file?)."""
+        """Per file, in the order files were first chosen: (path, text, spans of the lines
+        it holds verbatim, names, whole file?)."""
         out = []
         for path in self.order:
             f = self.files[path]
             names = [h.definition.qualified for h in self.chosen if h.path == path]
-            spans = (
-                [(1, max(1, len(f.lines)))] if f.whole else [(d.line, d.end_line) for d in f.defs]
-            )
+            spans = [(1, max(1, len(f.lines)))] if f.whole else self._spans(f)
             out.append((path, self._render(f), sorted(spans), names, f.whole))
         return out

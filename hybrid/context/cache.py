@@ -1,8 +1,10 @@
 """One SQLite file of per-file tags, keyed by content (the git blob id), plus built graphs.
 
 Content keys make the cache shareable across checkouts, worktrees and renames: a file
-whose bytes did not change is never parsed again, wherever it lives. Payloads are
-``marshal``-ed tuples (fast to load), so the key also carries the Python version.
+whose bytes did not change is never parsed again, wherever it lives. Payloads and slims are
+``marshal``-ed plain tuples (fast to load; read back as the named tuples ``Payload`` and
+``Slim``), so the key also carries the Python version; a change to what is stored must bump
+``SCHEMA``, so older rows are never read.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import sqlite3
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
+from hybrid.context.graph import GraphData, Slim
+from hybrid.context.tags import Payload
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 12
+SCHEMA = 13
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 
@@ -56,24 +60,28 @@ class TagCache:
         """Cache key of one file: its content id, its language and the schema version."""
         return f"{content_id}:{lang}:{_VERSION}"
 
-    def get_many(self, keys: Iterable[str], table: str = "tags") -> dict[str, Any]:
-        """Payloads (or, with ``table="slims"``, graph inputs) for the cached keys; missing
-        keys are simply absent."""
-        if table not in ("tags", "slims"):
-            raise ValueError(table)
+    def payloads(self, keys: Iterable[str]) -> dict[str, Payload]:
+        """The payloads cached under ``keys``; missing keys are simply absent."""
+        return {key: Payload._make(row) for key, row in self._rows("tags", keys)}
+
+    def slims(self, keys: Iterable[str]) -> dict[str, Slim]:
+        """The graph inputs cached under ``keys``; missing keys are simply absent."""
+        return {key: Slim._make(row) for key, row in self._rows("slims", keys)}
+
+    def _rows(
+        self, table: Literal["tags", "slims"], keys: Iterable[str]
+    ) -> Iterable[tuple[str, tuple[object, ...]]]:
         wanted = list(keys)
-        found: dict[str, Any] = {}
         for start in range(0, len(wanted), _BATCH):
             chunk = wanted[start : start + _BATCH]
             marks = ",".join("?" * len(chunk))
             rows = self._db.execute(f"SELECT key, data FROM {table} WHERE key IN ({marks})", chunk)
             for key, data in rows:
-                found[key] = marshal.loads(data)
-        return found
+                yield key, marshal.loads(data)
 
-    def put_slims(self, items: Iterable[tuple[str, Any]]) -> None:
+    def put_slims(self, items: Iterable[tuple[str, Slim]]) -> None:
         """Store per-file graph inputs by content key (they never change for a key)."""
-        rows = [(key, marshal.dumps(value)) for key, value in items]
+        rows = [(key, marshal.dumps(tuple(value))) for key, value in items]
         with self._db:
             self._db.execute("BEGIN")
             self._db.executemany("INSERT OR REPLACE INTO slims (key, data) VALUES (?, ?)", rows)
@@ -95,12 +103,15 @@ class TagCache:
             self._db.execute("BEGIN")
             self._db.executemany("INSERT OR REPLACE INTO tags (key, data) VALUES (?, ?)", items)
 
-    def get_graph(self, root: str, fingerprint: str) -> Any | None:
+    def get_graph(self, root: str, fingerprint: str) -> GraphData | None:
         """The graph built for ``root`` if the repository still has this fingerprint."""
         row = self._db.execute(
             "SELECT data FROM repo_graphs WHERE root = ? AND fingerprint = ?", (root, fingerprint)
         ).fetchone()
-        return marshal.loads(row[0]) if row else None
+        if row is None:
+            return None
+        data: GraphData = marshal.loads(row[0])
+        return data
 
     def has_graph(self, root: str, fingerprint: str) -> bool:
         """Whether a graph for exactly this fingerprint is stored (without loading it)."""
@@ -109,7 +120,7 @@ class TagCache:
         ).fetchone()
         return row is not None
 
-    def put_graph(self, root: str, fingerprint: str, data: Any) -> None:
+    def put_graph(self, root: str, fingerprint: str, data: GraphData) -> None:
         """Remember the graph built for ``root`` (one per root, replaced on change)."""
         self._db.execute(
             "INSERT OR REPLACE INTO repo_graphs (root, fingerprint, data) VALUES (?, ?, ?)",

@@ -21,11 +21,12 @@ import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
+from hybrid.context.git import git_checked
+from hybrid.context.graph import Graph
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.languages import EXTENSIONS
@@ -116,22 +117,6 @@ class EvalReport(BaseModel):
     results: list[CaseResult]
 
 
-def _git(repo: Path, *args: str) -> str:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), *args],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=600,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise ContextError(f"git {args[0]} failed: {exc}") from exc
-    if out.returncode != 0:
-        raise ContextError(f"git {args[0]} failed: {out.stderr.strip()[:300]}")
-    return out.stdout
-
-
 def _task_text(message: str) -> str:
     lines = [ln for ln in message.strip().splitlines() if not _TRAILER.match(ln.strip())]
     return "\n".join(lines).strip()
@@ -140,7 +125,7 @@ def _task_text(message: str) -> str:
 def mine_cases(repo: str | Path, limit: int = 50, rev: str = "HEAD") -> list[EvalCase]:
     """Bug-fix commits of ``repo`` (newest first) that modify 1-3 non-test source files."""
     repo_path = Path(repo)
-    if _git(repo_path, "rev-parse", "--is-inside-work-tree").strip() != "true":
+    if git_checked(repo_path, "rev-parse", "--is-inside-work-tree").strip() != "true":
         raise InvalidInput(f"{repo} is not a git work tree")
     # Streamed: a long history (sympy: 50k commits) is read only as far as needed.
     cmd = [
@@ -198,7 +183,9 @@ def _case(record: str) -> EvalCase | None:
 
 def fix_hunks(repo: Path, case: EvalCase) -> list[Hunk]:
     """The hunks of ``case``'s fix in its gold files, as line ranges of the parent."""
-    diff = _git(repo, "diff", "-U0", "--no-renames", case.parent, case.commit, "--", *case.gold)
+    diff = git_checked(
+        repo, "diff", "-U0", "--no-renames", case.parent, case.commit, "--", *case.gold
+    )
     hunks: list[Hunk] = []
     path = ""
     for line in diff.splitlines():
@@ -241,9 +228,9 @@ def _edit_metrics(results: list[CaseResult], variant: str, budget: int) -> EditM
     )
 
 
-def _first_gold(graph: dict[str, Any], order: list[int], gold: list[str]) -> int:
+def _first_gold(graph: Graph, order: list[int], gold: list[str]) -> int:
     """1-based position of the first gold file in ``order`` (0: not ranked)."""
-    paths = graph["paths"]
+    paths = graph.paths
     found = [k + 1 for k, i in enumerate(order) if paths[i] in gold]
     return found[0] if found else 0
 
@@ -283,9 +270,11 @@ def evaluate(
     worktree = tmp / "wt"
     results: list[CaseResult] = []
     try:
-        _git(repo_path, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent)
+        git_checked(
+            repo_path, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent
+        )
         for n, case in enumerate(cases):
-            _git(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
+            git_checked(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
             graph = load_graph(worktree, cache=cache)
             history = recent_changes(worktree)  # the parent's own past: no leakage
             grep = partial(grep_words, worktree)
@@ -297,7 +286,7 @@ def evaluate(
                 ranking = rank(graph, case.task, mode, history, grep)  # type: ignore[arg-type]
                 ranks[mode] = _first_gold(graph, ranking.order, case.gold)
                 if mode == "fused":
-                    top = [graph["paths"][i] for i in ranking.order[:5]]
+                    top = [graph.paths[i] for i in ranking.order[:5]]
                 for variant, (v_mode, symbols, ablate) in VARIANTS.items():
                     scored = bool(hunks) and variant in chosen_variants
                     if v_mode != mode or not (scored or variant == "full"):

@@ -7,8 +7,9 @@ milliseconds, so they are looked up at query time instead of indexing every word
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
+
+from hybrid.context.git import git_output, repo_prefix
 
 MAX_WORDS = 8
 
@@ -19,24 +20,16 @@ def grep_words(root: str | Path, words: list[str]) -> dict[str, dict[str, int]]:
     words = sorted(set(words))[:MAX_WORDS]
     if not words:
         return {}
-    cmd = ["git", "-C", str(root), "grep", "-o", "-i", "-w", "-F", "-I", "--full-name", "-z"]
+    args = ["grep", "-o", "-i", "-w", "-F", "-I", "--full-name", "-z"]
     for word in words:
-        cmd += ["-e", word]
-    try:
-        out = subprocess.run(cmd, capture_output=True, timeout=30)
-        prefix = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--show-prefix"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+        args += ["-e", word]
+    out = git_output(root, *args, timeout=30, codes=(0, 1))  # 1: no match
+    if out is None:
         return {}
-    if out.returncode not in (0, 1):
-        return {}
+    prefix = repo_prefix(root) or ""
     hits: dict[str, dict[str, int]] = {}
     wanted = {w.lower() for w in words}
-    for line in out.stdout.decode("utf-8", "replace").splitlines():
+    for line in out.decode("utf-8", "replace").splitlines():
         path, _, match = line.partition("\0")
         word = match.strip().lower()
         if word not in wanted or not path.startswith(prefix):

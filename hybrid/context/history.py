@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
+
+from hybrid.context.git import git_text, repo_prefix
 
 RECENT_COMMITS = 100
 DECAY = 0.97
@@ -12,38 +13,16 @@ DECAY = 0.97
 def recent_changes(root: str | Path, commits: int = RECENT_COMMITS) -> dict[str, float]:
     """Path (relative to ``root``) -> recency-weighted number of the last ``commits`` commits
     that touched it. Empty outside a git repository; only history up to HEAD is read."""
-    try:
-        top = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--show-prefix"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if top.returncode != 0:
-            return {}
-        prefix = top.stdout.strip()
-        out = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(root),
-                "log",
-                f"-n{commits}",
-                "--no-merges",
-                "--name-only",
-                "--format=%x00",
-            ],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError):
+    prefix = repo_prefix(root)
+    if prefix is None:
         return {}
-    if out.returncode != 0:
+    out = git_text(
+        root, "log", f"-n{commits}", "--no-merges", "--name-only", "--format=%x00", timeout=60
+    )
+    if out is None:
         return {}
     churn: dict[str, float] = {}
-    for age, block in enumerate(out.stdout.split("\x00")[1:]):
+    for age, block in enumerate(out.split("\x00")[1:]):
         weight = DECAY**age
         for name in block.split("\n"):
             name = name.strip()

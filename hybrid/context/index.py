@@ -11,14 +11,15 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from hybrid.context.cache import _VERSION, TagCache
+from hybrid.context.git import git_output
 from hybrid.context.languages import language_for
 from hybrid.context.tags import FileTags, Payload, ctags_available, extract_ctags, extract_file
 from hybrid.errors import ContextError
@@ -30,6 +31,13 @@ _SKIP_DIRS = frozenset(
 _PARALLEL_MIN = 48
 
 Progress = Callable[[int, int], None]
+
+
+class Skipped(NamedTuple):
+    """A file left out of the index (or without definitions), and why."""
+
+    path: str
+    reason: str
 
 
 @dataclass
@@ -62,7 +70,7 @@ class RepoIndex:
     files: list[SourceFile]
     cache: TagCache
     fingerprint: str
-    skipped: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
     stats: IndexStats = field(default_factory=IndexStats)
     _payloads: dict[str, Payload] = field(default_factory=dict)
     _files_by_path: dict[str, SourceFile] = field(default_factory=dict)
@@ -74,7 +82,7 @@ class RepoIndex:
         missing = [p for p in wanted if p not in self._payloads]
         if missing:
             keys = {TagCache.key(by_path[p].content_id, by_path[p].lang): p for p in missing}
-            for key, payload in self.cache.get_many(keys).items():
+            for key, payload in self.cache.payloads(keys).items():
                 self._payloads[keys[key]] = payload
         return {p: self._payloads[p] for p in wanted if p in self._payloads}
 
@@ -90,21 +98,13 @@ class RepoIndex:
             raise ContextError(f"{path} is not an indexed source file of {self.root}")
         return FileTags.from_payload(path, payload)
 
-    def empty_files(self) -> list[tuple[str, str]]:
+    def empty_files(self) -> list[Skipped]:
         """Files that yielded no definitions, with the reason (reported, never dropped)."""
         out = []
         for path, payload in sorted(self.payloads().items()):
-            if not payload[1]:
-                out.append((path, payload[5] or "no definitions found"))
+            if not payload.defs:
+                out.append(Skipped(path, payload.error or "no definitions found"))
         return out
-
-
-def _git(root: Path, *args: str) -> bytes | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=120)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout if out.returncode == 0 else None
 
 
 def blob_id(data: bytes) -> str:
@@ -130,14 +130,14 @@ def _wanted(path: str) -> str | None:
 
 
 def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
-    top_raw = _git(root, "rev-parse", "--show-toplevel")
+    top_raw = git_output(root, "rev-parse", "--show-toplevel")
     if top_raw is None:
         return None
     top = Path(top_raw.decode().strip())
     prefix = root.resolve().relative_to(top.resolve()).as_posix()
     prefix = "" if prefix == "." else prefix + "/"
-    listing = _git(top, "ls-files", "-s", "-z")
-    status = _git(top, "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames")
+    listing = git_output(top, "ls-files", "-s", "-z")
+    status = git_output(top, "status", "--porcelain", "-z", "--untracked-files=all", "--no-renames")
     if listing is None or status is None:
         return None
     ids: dict[str, str] = {}
@@ -196,12 +196,10 @@ def _scan_walk(root: Path, stats: IndexStats) -> list[SourceFile]:
     return files
 
 
-def scan(
-    root: Path, stats: IndexStats | None = None
-) -> tuple[list[SourceFile], list[tuple[str, str]]]:
+def scan(root: Path, stats: IndexStats | None = None) -> tuple[list[SourceFile], list[Skipped]]:
     """Source files under ``root`` with content ids, and files skipped with the reason."""
     stats = stats if stats is not None else IndexStats()
-    skipped: list[tuple[str, str]] = []
+    skipped: list[Skipped] = []
     found = _scan_git(root, stats)
     if found is None:
         found = _scan_walk(root, stats)
@@ -211,19 +209,22 @@ def scan(
         try:
             size = os.stat(os.path.join(base, f.path)).st_size
         except OSError:
-            skipped.append((f.path, "unreadable"))
+            skipped.append(Skipped(f.path, "unreadable"))
             continue
         if size > MAX_FILE_BYTES:
-            skipped.append((f.path, f"larger than {MAX_FILE_BYTES} bytes"))
+            skipped.append(Skipped(f.path, f"larger than {MAX_FILE_BYTES} bytes"))
         else:
             kept.append(f)
     return kept, skipped
 
 
+def _stored(payload: Payload) -> bytes:
+    """A payload as the tag cache stores it (marshal takes plain tuples only)."""
+    return marshal.dumps(tuple(payload))
+
+
 def _parse_chunk(root: str, chunk: list[tuple[str, str]]) -> list[tuple[str, bytes]]:
-    return [
-        (rel, marshal.dumps(extract_file(os.path.join(root, rel), lang))) for rel, lang in chunk
-    ]
+    return [(rel, _stored(extract_file(os.path.join(root, rel), lang))) for rel, lang in chunk]
 
 
 def default_workers() -> int:
@@ -249,15 +250,15 @@ def _parse(
             payloads = extract_ctags(str(root), ctags_files)
         else:
             payloads = {
-                p: (lang, [], {}, [], {}, "no grammar and universal-ctags is not installed")
+                p: Payload.empty(lang, "no grammar and universal-ctags is not installed")
                 for p, lang in ctags_files
             }
-        out.update((p, marshal.dumps(v)) for p, v in payloads.items())
+        out.update((p, _stored(v)) for p, v in payloads.items())
     total = len(ts_files)
     done = 0
     if workers <= 1 or total < _PARALLEL_MIN:
         for f in ts_files:
-            out[f.path] = marshal.dumps(extract_file(str(root / f.path), f.lang))
+            out[f.path] = _stored(extract_file(str(root / f.path), f.lang))
             done += 1
             if progress and done % 16 == 0:
                 progress(done, total)
@@ -332,7 +333,7 @@ def build_index(
         stats.workers = used
         cache.put_many((TagCache.key(f.content_id, f.lang), parsed[f.path]) for f in todo)
         for f in todo:
-            payload = marshal.loads(parsed[f.path])
+            payload = Payload._make(marshal.loads(parsed[f.path]))
             for same in by_key[TagCache.key(f.content_id, f.lang)]:
                 index._payloads[same.path] = payload
         stats.parse_ms = (time.perf_counter() - t1) * 1000

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from hybrid.context.bodies import BodyPacker
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import GraphData, importers
+from hybrid.context.graph import Graph, importers
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex
@@ -154,15 +154,15 @@ def context_pack(
 
 
 def _ranked_bodies(
-    graph: GraphData, ranking: Ranking, root: Path, hits: list[SymbolHit], budget: int
+    graph: Graph, ranking: Ranking, root: Path, hits: list[SymbolHit], budget: int
 ) -> tuple[list[PackItem], list[int], int]:
     """Bodies of the best symbols, in symbol order across files, grouped per file."""
-    index: RepoIndex = graph["_index"]
-    paths: list[str] = graph["paths"]
-    langs = {paths[h.file]: graph["langs"][h.file] for h in hits}
+    index = graph.repo_index
+    paths: list[str] = graph.paths
+    langs = {paths[h.file]: graph.langs[h.file] for h in hits}
     packer = BodyPacker(root, langs, budget)
     defs_of: dict[str, list[Definition]] = {}
-    for hit in hits:
+    for hit in packer.packing(hits):
         if budget - packer.used < 24:
             break
         if hit.path not in defs_of:
@@ -192,7 +192,7 @@ def _ranked_bodies(
 
 
 def _primary_files(
-    graph: GraphData,
+    graph: Graph,
     ranking: Ranking,
     root_path: Path,
     tokens: int,
@@ -200,14 +200,14 @@ def _primary_files(
     primary_budget: int,
 ) -> tuple[list[PackItem], list[int], int]:
     """The file-first pack: the top files whole, else their matching symbols' bodies."""
-    index: RepoIndex = graph["_index"]
-    paths: list[str] = graph["paths"]
-    langs: list[str] = graph["langs"]
-    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    index = graph.repo_index
+    paths: list[str] = graph.paths
+    langs: list[str] = graph.langs
+    sym_index = {s: j for j, s in enumerate(graph.symbols)}
     items: list[PackItem] = []
     used = 0
     # 1. primary files: full text, else the relevant symbols' bodies, else a skeleton
-    primary: list[int] = [i for i in ranking.order if not graph["tests"][i]][:PRIMARY_FILES]
+    primary: list[int] = [i for i in ranking.order if not graph.tests[i]][:PRIMARY_FILES]
     included: list[int] = []
     for rank_no, i in enumerate(primary, 1):
         path = paths[i]
@@ -242,7 +242,7 @@ def _primary_files(
         wanted = {name: 2.0 + w for name, w in ranking.task.symbols.items()}
         task_terms = set(ranking.task.terms)
         for d in index.tags(path).definitions:
-            j = sym_index.get(d.name)
+            j = sym_index.get(d.qualified)
             if j is not None and d.name not in wanted and not d.name.startswith("__"):
                 overlap = len(task_terms.intersection(name_terms(d.name)))
                 wanted[d.name] = 0.5 * overlap + float(ranking.symbol_score[j])
@@ -273,7 +273,7 @@ def _primary_files(
 
 
 def fill_pack(
-    graph: GraphData,
+    graph: Graph,
     ranking: Ranking,
     root_path: Path,
     task: str,
@@ -290,8 +290,8 @@ def fill_pack(
     symbols (the earlier, file-first pack). ``ablate`` leaves symbol signals out;
     ``hits`` (from ``rank_symbols``) saves ranking the symbols again for another budget.
     """
-    paths: list[str] = graph["paths"]
-    langs: list[str] = graph["langs"]
+    paths: list[str] = graph.paths
+    langs: list[str] = graph.langs
     items: list[PackItem] = []
     map_reserve = max(32, int(tokens * MAP_MIN_SHARE))
     if not symbols:
@@ -313,7 +313,7 @@ def fill_pack(
     chosen = {paths[i] for i in primary}
     neighbour_ids: dict[int, str] = {}
     for i in primary:
-        for t in graph["imports"][i]:
+        for t in graph.imports[i]:
             neighbour_ids.setdefault(t, f"imported by {paths[i]}")
         for s in reverse[i]:
             neighbour_ids.setdefault(s, f"imports {paths[i]}")
@@ -321,7 +321,7 @@ def fill_pack(
     neighbour_budget = int(tokens * NEIGHBOUR_SHARE) + max(0, primary_budget - used)
     spent = 0
     for t in sorted(neighbour_ids, key=lambda f: position[f]):
-        if paths[t] in chosen or graph["tests"][t]:
+        if paths[t] in chosen or graph.tests[t]:
             continue
         room = min(neighbour_budget - spent, tokens - map_reserve - used)
         item = _skeleton_item(root_path, paths[t], langs[t], "skeleton", neighbour_ids[t], room)
@@ -338,10 +338,10 @@ def fill_pack(
     related: dict[int, tuple[int, int, str]] = {}  # test -> (primary rank, named?, reason)
     for n, i in enumerate(primary):
         for s in reverse[i]:
-            if graph["tests"][s] and s not in related:
+            if graph.tests[s] and s not in related:
                 related[s] = (n, 1, f"tests {paths[i]} (imports it)")
     for k, path in enumerate(paths):
-        if graph["tests"][k] and is_test_path(path):
+        if graph.tests[k] and is_test_path(path):
             name = path.rsplit("/", 1)[-1].rsplit(".", 1)[0]
             for stem, (n, src) in stems.items():
                 if name in (f"test_{stem}", f"{stem}_test", f"{stem}.test", f"{stem}.spec"):

@@ -7,7 +7,7 @@ Two signals, fused:
   mentions (identifiers that the repo defines, paths, module names) and from the best
   lexical hits, so the mass flows to the code those files use and are used by.
 
-Pure numpy on the arrays of ``GraphData``; ties break by path, so the order is the same in
+Pure numpy on the arrays of ``Graph``; ties break by path, so the order is the same in
 every process.
 """
 
@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from hybrid.context.graph import PATH_WEIGHT, GraphData
+from hybrid.context.graph import PATH_WEIGHT, Graph, names_index
 from hybrid.context.resolve import Resolver
 from hybrid.context.text import IDENT_RE, STOPWORDS, stem, terms
 
@@ -74,13 +74,12 @@ class Ranking:
     reasons: dict[int, list[str]]
 
 
-def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) -> TaskTerms:
+def analyse_task(graph: Graph, task: str, resolver: Resolver | None = None) -> TaskTerms:
     """Find the identifiers, paths and words of ``task`` that this repository knows."""
     out = TaskTerms(terms=terms(task))
-    symbols = graph["symbols"]
-    known = {s: j for j, s in enumerate(symbols)}
+    known = names_index(graph)
     lower: dict[str, list[str]] = {}
-    for s in symbols:
+    for s in sorted(known):
         if len(s) >= 4:
             lower.setdefault(s.lower(), []).append(s)
     for match in IDENT_RE.finditer(task):
@@ -102,7 +101,7 @@ def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) 
         elif code_like and len(word) >= 4:
             for s in lower.get(word.lower(), []):
                 out.symbols[s] = max(out.symbols.get(s, 0.0), 0.5)
-    paths = graph["paths"]
+    paths = graph.paths
     resolver = resolver or Resolver(paths)
     for match in _PATHLIKE.finditer(task):
         token = match.group(0).strip("./")
@@ -131,17 +130,17 @@ def analyse_task(graph: GraphData, task: str, resolver: Resolver | None = None) 
     return out
 
 
-def bm25(graph: GraphData, query: list[str]) -> np.ndarray:
+def bm25(graph: Graph, query: list[str]) -> np.ndarray:
     """BM25 score of every file for the query terms (paths count PATH_WEIGHT per word)."""
-    n = len(graph["paths"])
+    n = len(graph.paths)
     scores = np.zeros(n)
     if not query or not n:
         return scores
-    lengths = np.frombuffer(graph["doc_len"], dtype=np.float64)
+    lengths = np.frombuffer(graph.doc_len, dtype=np.float64)
     norm = K1 * (1 - B + B * lengths / (lengths.mean() or 1.0))
     wanted = sorted(set(query))
     tf = np.zeros((len(wanted), n))
-    for i, (file_tf, words) in enumerate(zip(graph["terms"], graph["path_terms"], strict=True)):
+    for i, (file_tf, words) in enumerate(zip(graph.terms, graph.path_terms, strict=True)):
         for k, term in enumerate(wanted):
             c = file_tf.get(term, 0)
             if term in words:
@@ -157,12 +156,12 @@ def bm25(graph: GraphData, query: list[str]) -> np.ndarray:
     return scores
 
 
-def pagerank(graph: GraphData, seeds: np.ndarray) -> np.ndarray:
+def pagerank(graph: Graph, seeds: np.ndarray) -> np.ndarray:
     """Personalized PageRank over files + symbols; ``seeds`` is the teleport vector."""
-    n_nodes = len(graph["paths"]) + len(graph["symbols"])
-    src = np.frombuffer(graph["src"], dtype=np.int32)
-    dst = np.frombuffer(graph["dst"], dtype=np.int32)
-    w = np.frombuffer(graph["weight"], dtype=np.float64)
+    n_nodes = len(graph.paths) + len(graph.symbols)
+    src = np.frombuffer(graph.src, dtype=np.int32)
+    dst = np.frombuffer(graph.dst, dtype=np.int32)
+    w = np.frombuffer(graph.weight, dtype=np.float64)
     if REVERSE:
         src, dst, w = (
             np.concatenate([src, dst]),
@@ -190,7 +189,7 @@ def _normalized(v: np.ndarray) -> np.ndarray:
     return v / top if top > 0 else v
 
 
-def out_of_vocabulary(graph: GraphData, task: str) -> list[str]:
+def out_of_vocabulary(graph: Graph, task: str) -> list[str]:
     """Task words (typos, error-message words, locals) that no name, docstring or path holds."""
     candidates = []
     for word in sorted({w.lower() for w in IDENT_RE.findall(task)}):
@@ -201,20 +200,20 @@ def out_of_vocabulary(graph: GraphData, task: str) -> list[str]:
     if not candidates:
         return []
     found: set[str] = set()
-    for file_tf, words in zip(graph["terms"], graph["path_terms"], strict=True):
+    for file_tf, words in zip(graph.terms, graph.path_terms, strict=True):
         for word, keys in candidates:
             if word not in found and any(k in file_tf or k in words for k in keys):
                 found.add(word)
     return [w for w, _ in candidates if w not in found]
 
 
-def text_scores(graph: GraphData, hits: dict[str, dict[str, int]]) -> np.ndarray:
+def text_scores(graph: Graph, hits: dict[str, dict[str, int]]) -> np.ndarray:
     """BM25-style scores from full-text hits of rare words (``grep_words`` output)."""
-    paths = graph["paths"]
+    paths = graph.paths
     n = len(paths)
     scores = np.zeros(n)
     index = {p: i for i, p in enumerate(paths)}
-    lengths = np.frombuffer(graph["doc_len"], dtype=np.float64)
+    lengths = np.frombuffer(graph.doc_len, dtype=np.float64)
     norm = K1 * (1 - B + B * lengths / (lengths.mean() or 1.0))
     for word in sorted(hits):
         files = {index[p]: c for p, c in hits[word].items() if p in index}
@@ -228,7 +227,7 @@ def text_scores(graph: GraphData, hits: dict[str, dict[str, int]]) -> np.ndarray
 
 
 def rank(
-    graph: GraphData,
+    graph: Graph,
     task: str = "",
     mode: Mode = "fused",
     history: dict[str, float] | None = None,
@@ -241,9 +240,9 @@ def rank(
     ``grep`` (e.g. ``partial(grep_words, root)``) finds task words that the index does not
     hold in the files' full text; they count as lexical evidence.
     """
-    paths = graph["paths"]
+    paths = graph.paths
     n = len(paths)
-    n_sym = len(graph["symbols"])
+    n_sym = len(graph.symbols)
     info = analyse_task(graph, task) if task else TaskTerms(terms=[])
     lexical = bm25(graph, info.terms) if mode != "graph" else np.zeros(n)
     if task and grep is not None and mode != "graph":
@@ -251,11 +250,14 @@ def rank(
         if rare:
             lexical = lexical + GREP_WEIGHT * text_scores(graph, grep(rare))
     seeds = np.zeros(n + n_sym)
-    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    by_name = names_index(graph)
     structural_seeds = bool(info.symbols or info.paths)
     for name, weight in info.symbols.items():
-        definers = graph["definers"][sym_index[name]]
-        seeds[n + sym_index[name]] += weight / math.sqrt(len(definers))
+        # a name's definitions share its seed (Session.send and Adapter.send: half each)
+        ids = by_name[name]
+        n_files = len({i for j in ids for i in graph.definers[j]})
+        for j in ids:
+            seeds[n + j] += weight / math.sqrt(n_files) / len(ids)
     for i, weight in info.paths.items():
         seeds[i] += weight
     if structural_seeds:
@@ -266,7 +268,7 @@ def rank(
         lex_seeds[best] = lexical[best]
         lex_seeds /= lex_seeds.sum()
         seeds = 0.5 * seeds + lex_seeds if structural_seeds else lex_seeds
-    tests = np.array(graph["tests"], dtype=bool) if n else np.zeros(0, dtype=bool)
+    tests = np.array(graph.tests, dtype=bool) if n else np.zeros(0, dtype=bool)
     if not seeds.any():
         seeds[:n] = np.where(tests, 0.2, 1.0)  # no task: global importance, tests last
     structural = np.zeros(n + n_sym) if mode == "bm25" else pagerank(graph, seeds)
@@ -297,18 +299,20 @@ def rank(
     return Ranking(order, score, lexical, file_graph, structural[n:], info, reasons)
 
 
-def _has_term(graph: GraphData, term: str, i: int) -> bool:
-    return term in graph["terms"][i] or term in graph["path_terms"][i]
+def _has_term(graph: Graph, term: str, i: int) -> bool:
+    return term in graph.terms[i] or term in graph.path_terms[i]
 
 
 def _reasons(
-    graph: GraphData, info: TaskTerms, lexical: np.ndarray, structural: np.ndarray, top: list[int]
+    graph: Graph, info: TaskTerms, lexical: np.ndarray, structural: np.ndarray, top: list[int]
 ) -> dict[int, list[str]]:
-    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    by_name = names_index(graph)
     defined_here: dict[int, list[str]] = {}
     for name in sorted(info.symbols):
-        for i in graph["definers"][sym_index[name]]:
-            defined_here.setdefault(i, []).append(name)
+        for j in by_name[name]:
+            for i in graph.definers[j]:
+                if name not in defined_here.get(i, []):
+                    defined_here.setdefault(i, []).append(name)
     query = sorted(set(info.terms))
     out: dict[int, list[str]] = {}
     for i in top:

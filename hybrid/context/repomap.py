@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import GraphData, build_graph, slim
+from hybrid.context.graph import Graph, build_graph, slim
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
@@ -52,28 +52,29 @@ def load_graph(
     cache: TagCache | None = None,
     progress: Progress | None = None,
     index: RepoIndex | None = None,
-) -> GraphData:
+) -> Graph:
     """The code graph of ``root``: loaded from the cache when nothing changed, else rebuilt."""
     cache = cache if cache is not None else TagCache()
     index = index if index is not None else build_index(root, cache=cache, progress=progress)
     if not index.files:
         raise ContextError(f"no source files to index under {root}")
     key = str(Path(root).resolve())
-    graph = cache.get_graph(key, index.fingerprint)
-    if graph is None:
-        # Rebuild from per-file graph inputs stored by content key: only files never seen
-        # before need their (larger) payloads read.
-        keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
-        slims = cache.get_many(set(keys.values()), table="slims")
-        missing = [p for p, k in keys.items() if k not in slims]
-        fresh = {}
-        for path, payload in index.payloads(missing).items():
-            fresh[keys[path]] = slims[keys[path]] = slim(payload)
-        if fresh:
-            cache.put_slims(sorted(fresh.items()))
-        graph = build_graph({p: slims[k] for p, k in keys.items() if k in slims})
-        cache.put_graph(key, index.fingerprint, graph)
-    graph["_index"] = index
+    stored = cache.get_graph(key, index.fingerprint)
+    if stored is not None:
+        return Graph.from_data(stored, index)
+    # Rebuild from per-file graph inputs stored by content key: only files never seen
+    # before need their (larger) payloads read.
+    keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
+    slims = cache.slims(set(keys.values()))
+    missing = [p for p, k in keys.items() if k not in slims]
+    fresh = {}
+    for path, payload in index.payloads(missing).items():
+        fresh[keys[path]] = slims[keys[path]] = slim(payload)
+    if fresh:
+        cache.put_slims(sorted(fresh.items()))
+    graph = build_graph({p: slims[k] for p, k in keys.items() if k in slims})
+    cache.put_graph(key, index.fingerprint, graph.data())
+    graph.index = index
     return graph
 
 
@@ -95,7 +96,7 @@ def _symbol_lines(
     for d in tags.definitions:
         if d.kind == "local":
             continue
-        j = sym_index.get(d.name)
+        j = sym_index.get(d.qualified)
         s = float(ranking.symbol_score[j]) if j is not None else 0.0
         if d.name in ranking.task.symbols:
             s += 1.0
@@ -131,7 +132,7 @@ def _block(path: str, lines: list[tuple[int, str]]) -> str:
 
 
 def render_map(
-    graph: GraphData,
+    graph: Graph,
     ranking: Ranking,
     tokens: int,
     *,
@@ -145,13 +146,13 @@ def render_map(
     hits_of: dict[str, list[SymbolHit]] = {}
     for h in hits or []:
         hits_of.setdefault(h.path, []).append(h)
-    index: RepoIndex = graph["_index"]
-    paths = graph["paths"]
+    index = graph.repo_index
+    paths = graph.paths
     parts: list[str] = []
     entries: list[MapEntry] = []
     used = 0
     exclude = exclude or set()
-    sym_index = {s: j for j, s in enumerate(graph["symbols"])}
+    sym_index = {s: j for j, s in enumerate(graph.symbols)}
     loaded: set[str] = set()
     for k, i in enumerate(ranking.order):
         path = paths[i]
@@ -203,7 +204,7 @@ def repo_map(
     if tokens < 1:
         raise ContextError("the token budget must be positive")
     graph = load_graph(root, cache=cache, progress=progress)
-    index: RepoIndex = graph["_index"]
+    index = graph.repo_index
     history = recent_changes(root) if task else None
     grep = partial(grep_words, root) if task else None
     ranking = rank(graph, task, mode, history, grep)
@@ -216,11 +217,9 @@ def repo_map(
         task=task,
         tokens=count_tokens(text) if text else 0,
         budget=tokens,
-        files_total=len(graph["paths"]),
+        files_total=len(graph.paths),
         entries=entries,
         text=text,
-        files_without_symbols=[
-            p for p, n in zip(graph["paths"], graph.get("ndefs", []), strict=False) if n == 0
-        ],
+        files_without_symbols=[p for p, n in zip(graph.paths, graph.ndefs, strict=False) if n == 0],
         skipped=[f"{p}: {why}" for p, why in index.skipped],
     )

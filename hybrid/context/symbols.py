@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from hybrid.context.graph import GraphData
+from hybrid.context.git import git_text
+from hybrid.context.graph import Graph
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
 from hybrid.context.tags import Definition
@@ -91,17 +91,13 @@ def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
     """Lines (of today's files, approximately) changed by the last commits, per path."""
     if not paths:
         return {}
-    cmd = ["git", "-C", str(root), "log", f"-n{HISTORY_COMMITS}", "--no-merges", "-U0"]
-    cmd += ["--format=%x00", "--relative", "--", *paths]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if out.returncode != 0:
+    args = ["log", f"-n{HISTORY_COMMITS}", "--no-merges", "-U0", "--format=%x00", "--relative"]
+    out = git_text(root, *args, "--", *paths, timeout=30)
+    if out is None:
         return {}
     touched: dict[str, Counter[int]] = {}
     current = ""
-    for line in out.stdout.splitlines():
+    for line in out.splitlines():
         if line.startswith("+++ "):
             current = line[6:] if line.startswith("+++ b/") else ""
         elif current and line.startswith("@@"):
@@ -116,13 +112,13 @@ def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
 
 
 def _test_calls(
-    graph: GraphData, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
+    graph: Graph, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
 ) -> Counter[str]:
     """Names called by the best test files' test functions whose names share task words,
     weighted by how many words they share."""
-    paths = graph["paths"]
+    paths = graph.paths
     called: Counter[str] = Counter()
-    tests = [i for i in ranking.order if graph["tests"][i]][:TEST_FILES]
+    tests = [i for i in ranking.order if graph.tests[i]][:TEST_FILES]
     for i in tests:
         try:
             tags = index.tags(paths[i])
@@ -142,20 +138,47 @@ def _test_calls(
     return called
 
 
-def rank_symbols(
-    graph: GraphData,
+@dataclass(frozen=True)
+class Weights:
+    """How much each signal adds to a symbol's score (the evaluation tunes these)."""
+
+    file: float = W_FILE
+    name: float = W_NAME
+    text: float = W_TEXT
+    graph: float = W_GRAPH
+    tests: float = W_TESTS
+    history: float = W_HISTORY
+
+
+@dataclass
+class Signals:
+    """The raw per-candidate signals of one task (costly to compute, cheap to weigh)."""
+
+    paths: list[str]
+    cands: list[tuple[int, Definition, int]]  # (file, definition, first line with its doc)
+    file: list[float]  # file score, normalized
+    name: list[float]
+    text: list[float]
+    calls: list[list[int]]  # candidates each one calls (resolved by scope)
+    tests: list[float]
+    history: list[float]
+    mentioned: dict[str, float]
+
+
+def symbol_signals(
+    graph: Graph,
     ranking: Ranking,
     root: str | Path,
     *,
     files: Iterable[int] | None = None,
     ablate: frozenset[str] = frozenset(),
-) -> list[SymbolHit]:
-    """Definitions of the best non-test files (or of ``files``), best first."""
+) -> Signals:
+    """Every signal of every definition of the best non-test files (or of ``files``)."""
     root_path = Path(root)
-    index: RepoIndex = graph["_index"]
-    paths: list[str] = graph["paths"]
+    index = graph.repo_index
+    paths: list[str] = graph.paths
     if files is None:
-        files = [i for i in ranking.order if not graph["tests"][i]][:CANDIDATE_FILES]
+        files = [i for i in ranking.order if not graph.tests[i]][:CANDIDATE_FILES]
     file_ids = list(dict.fromkeys(files))
     index.payloads([paths[i] for i in file_ids])
     top_score = max((float(ranking.score[i]) for i in file_ids), default=0.0) or 1.0
@@ -174,8 +197,7 @@ def rank_symbols(
         if lines is not None:
             defs_of.append((i, [d for d in tags.definitions if d.kind in _BODY_KINDS], lines))
     names = {d.name for _, defs, _ in defs_of for d in defs}
-    cands: list[tuple[int, Definition, int, Counter[str], set[str]]] = []
-    starts: dict[tuple[int, int, str], int] = {}
+    raw: list[tuple[int, Definition, int, Counter[str], set[str], int]] = []
     for i, defs, lines in defs_of:
         length = [0] * (len(lines) + 1)  # prefix sums of term counts
         hits_at: dict[int, list[str]] = {}  # line -> query terms on it
@@ -196,106 +218,135 @@ def rank_symbols(
             tf: Counter[str] = Counter()
             used: set[str] = set()
             first = leading_start(lines, d.line)
-            starts[(i, d.line, d.name)] = first
             for n_line in range(first, last + 1):
                 if n_line in hits_at:
                     tf.update(hits_at[n_line])
                 if n_line in names_at and d.kind not in _CONTAINER_KINDS:
                     used |= names_at[n_line]
-            cands.append((i, d, length[last] - length[max(first - 1, 0)], tf, used))
-    if not cands:
-        return []
+            raw.append((i, d, length[last] - length[max(first - 1, 0)], tf, used, first))
+    n = len(raw)
+    out = Signals(
+        paths=paths,
+        cands=[(c[0], c[1], c[5]) for c in raw],
+        file=[float(ranking.score[c[0]]) / top_score for c in raw],
+        name=[0.0] * n,
+        text=[0.0] * n,
+        calls=[[] for _ in range(n)],
+        tests=[0.0] * n,
+        history=[0.0] * n,
+        mentioned=dict(mentioned),
+    )
+    if not raw:
+        return out
     # BM25 over bodies, with statistics of this candidate set
-    n = len(cands)
-    avg = sum(c[2] for c in cands) / n or 1.0
+    avg = sum(c[2] for c in raw) / n or 1.0
     df: Counter[str] = Counter()
-    for c in cands:
+    for c in raw:
         df.update(c[3].keys())
     idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in query}
-    text = [0.0] * n
-    name = [0.0] * n
-    for k, (_i, d, body_len, tf, _used) in enumerate(cands):
+    for k, (_i, d, body_len, tf, _used, _first) in enumerate(raw):
         if "text" not in ablate and query:
             norm = K1 * (1 - B + B * body_len / avg)
-            text[k] = sum(idf[t] * c * (K1 + 1) / (c + norm) for t, c in tf.items())
+            out.text[k] = sum(idf[t] * c * (K1 + 1) / (c + norm) for t, c in tf.items())
         if "name" not in ablate:
             score = mentioned.get(d.name, 0.0) * 2.0
             if score and d.scope and d.scope.rsplit(".", 1)[-1] in mentioned:
                 score += 1.0  # Session.request named as such
             score += sum(idf.get(t, 0.0) for t in sorted(set(name_terms(d.name)) & task_words)) / 2
-            name[k] = score
-    top_text = max(text) or 1.0
-    top_name = max(name) or 1.0
-    base = [
-        W_FILE * float(ranking.score[c[0]]) / top_score
-        + W_TEXT * text[k] / top_text
-        + W_NAME * name[k] / top_name
-        for k, c in enumerate(cands)
-    ]
-    graph_bonus = [0.0] * n
+            out.name[k] = score
     if "graph" not in ablate:
         by_name: dict[str, list[int]] = {}
-        for k, c in enumerate(cands):
+        for k, c in enumerate(raw):
             by_name.setdefault(c[1].name, []).append(k)
-        caller = [0.0] * n
-        callee = [0.0] * n
-        for k, c in enumerate(cands):
-            for ident in c[4]:
+        for k, c in enumerate(raw):
+            called: set[int] = set()
+            for ident in sorted(c[4]):
                 # resolve a name to the same class's definition, else the same file's,
                 # else every candidate of that name
                 targets = by_name.get(ident, [])
-                same_file = [j for j in targets if cands[j][0] == c[0]]
-                same_scope = [j for j in same_file if cands[j][1].scope == c[1].scope]
-                for j in same_scope or same_file or targets:
-                    if j != k:
-                        caller[j] = max(caller[j], base[k])  # k calls j
-                        callee[k] = max(callee[k], base[j])
-        graph_bonus = [W_GRAPH * (caller[k] + callee[k]) / 2 for k in range(n)]
-    test_bonus = [0.0] * n
+                same_file = [j for j in targets if raw[j][0] == c[0]]
+                same_scope = [j for j in same_file if raw[j][1].scope == c[1].scope]
+                called.update(j for j in same_scope or same_file or targets if j != k)
+            out.calls[k] = sorted(called)
     if "tests" not in ablate and query:
-        called = _test_calls(graph, ranking, index, root_path, query)
-        top_called = max(called.values(), default=0) or 1
-        test_bonus = [W_TESTS * called.get(c[1].name, 0) / top_called for c in cands]
-    history_bonus = [0.0] * n
+        called_by_tests = _test_calls(graph, ranking, index, root_path, query)
+        top_called = max(called_by_tests.values(), default=0) or 1
+        out.tests = [called_by_tests.get(c[1].name, 0) / top_called for c in raw]
     if "history" not in ablate:
-        touched = _recent_lines(root_path, sorted({paths[c[0]] for c in cands}))
-        raw = []
-        for c in cands:
-            counter = touched.get(paths[c[0]])
-            d = c[1]
-            first = starts[(c[0], d.line, d.name)]
+        touched = _recent_lines(root_path, sorted({paths[c[0]] for c in raw}))
+        hist = []
+        for i, d, _len, _tf, _used, first in raw:
+            counter = touched.get(paths[i])
             changed = sum(counter[x] for x in range(first, d.end_line + 1)) if counter else 0
-            raw.append(math.log1p(changed))
-        top_hist = max(raw, default=0.0) or 1.0
-        history_bonus = [W_HISTORY * r / top_hist for r in raw]
+            hist.append(math.log1p(changed))
+        top_hist = max(hist, default=0.0) or 1.0
+        out.history = [h / top_hist for h in hist]
+    return out
+
+
+def score_symbols(signals: Signals, weights: Weights = Weights()) -> list[SymbolHit]:
+    """Weigh ``signals`` into ranked hits, best first."""
+    cands = signals.cands
+    n = len(cands)
+    if not n:
+        return []
+    top_text = max(signals.text) or 1.0
+    top_name = max(signals.name) or 1.0
+    base = [
+        weights.file * signals.file[k]
+        + weights.text * signals.text[k] / top_text
+        + weights.name * signals.name[k] / top_name
+        for k in range(n)
+    ]
+    caller = [0.0] * n
+    callee = [0.0] * n
+    for k, targets in enumerate(signals.calls):
+        for j in targets:
+            caller[j] = max(caller[j], base[k])  # k calls j
+            callee[k] = max(callee[k], base[j])
+    mentioned = signals.mentioned
     hits: list[SymbolHit] = []
-    for k, (i, d, _len, _tf, _used) in enumerate(cands):
-        score = base[k] + graph_bonus[k] + test_bonus[k] + history_bonus[k]
+    for k, (i, d, start) in enumerate(cands):
+        graph_bonus = weights.graph * (caller[k] + callee[k]) / 2
+        test_bonus = weights.tests * signals.tests[k]
+        history_bonus = weights.history * signals.history[k]
+        score = base[k] + graph_bonus + test_bonus + history_bonus
         if d.name.startswith("__") and d.name.endswith("__") and d.name not in mentioned:
             score *= 0.5
         why = []
-        if name[k]:
+        if signals.name[k]:
             why.append("named in the task" if d.name in mentioned else "name shares task words")
-        if text[k]:
-            why.append(f"body bm25 {text[k]:.2f}")
-        if graph_bonus[k] > 0.05:
+        if signals.text[k]:
+            why.append(f"body bm25 {signals.text[k]:.2f}")
+        if graph_bonus > 0.05:
             why.append("calls or is called by a match")
-        if test_bonus[k]:
+        if test_bonus:
             why.append("called by a matching test")
-        if history_bonus[k]:
+        if history_bonus:
             why.append("changed recently")
-        start = starts[(i, d.line, d.name)]
-        hits.append(SymbolHit(i, paths[i], d, round(score, 9), tuple(why), start))
+        hits.append(SymbolHit(i, signals.paths[i], d, round(score, 9), tuple(why), start))
     hits.sort(key=lambda h: (-h.score, h.path, h.definition.line, h.definition.name))
     return hits
 
 
-def rerank_files(graph: GraphData, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
+def rank_symbols(
+    graph: Graph,
+    ranking: Ranking,
+    root: str | Path,
+    *,
+    files: Iterable[int] | None = None,
+    ablate: frozenset[str] = frozenset(),
+) -> list[SymbolHit]:
+    """Definitions of the best non-test files (or of ``files``), best first."""
+    return score_symbols(symbol_signals(graph, ranking, root, files=files, ablate=ablate))
+
+
+def rerank_files(graph: Graph, ranking: Ranking, hits: list[SymbolHit]) -> Ranking:
     """``ranking`` with the files of ``hits`` first, ordered by their file score plus their
     best symbol's: a file whose body matches the task well moves up among the top files."""
     if not hits:
         return ranking
-    paths: list[str] = graph["paths"]
+    paths: list[str] = graph.paths
     best: dict[int, float] = {}
     for h in hits:
         best.setdefault(h.file, h.score)  # hits are best first

@@ -1,7 +1,8 @@
 """Definitions and references per file, from tree-sitter and this project's tags queries.
 
-A file's tags are a plain tuple (``Payload``) so they cross process boundaries and go into
-the SQLite cache with ``marshal`` cheaply; ``FileTags`` is the readable view of one.
+A file's tags are a ``Payload``: a named tuple whose plain-tuple form (``tuple(payload)``)
+crosses process boundaries and goes into the SQLite cache with ``marshal`` cheaply;
+``FileTags`` is the readable view of one.
 Languages without a grammar fall back to universal-ctags (definitions only).
 """
 
@@ -20,11 +21,29 @@ from hybrid.context.text import name_terms, terms
 if TYPE_CHECKING:
     from tree_sitter import Node
 
-# (lang, defs, refs, imports, terms, error); defs are (name, kind, line, end_line, signature,
-# scope) with scope the dotted names of the enclosing classes/modules/impls ("" at top level);
-# terms are the file's BM25 term frequencies over symbol names, docstrings and references.
 DefTuple = tuple[str, str, int, int, str, str]
-Payload = tuple[str, list[DefTuple], dict[str, int], list[str], dict[str, int], str]
+"""(name, kind, line, end_line, signature, scope) of one definition, as stored (see Definition)."""
+
+
+class Payload(NamedTuple):
+    """What parsing one file yields, in the order it is stored in the tag cache."""
+
+    lang: str
+    defs: list[DefTuple]
+    refs: dict[str, int]
+    """Referenced names and how often."""
+    imports: list[str]
+    """Import specs as written (sorted, unique)."""
+    terms: dict[str, int]
+    """BM25 term frequencies over symbol names, docstrings and references."""
+    error: str
+    """Why the file yielded nothing ("" when it parsed)."""
+
+    @classmethod
+    def empty(cls, lang: str, error: str = "") -> Payload:
+        """No tags, and why."""
+        return cls(lang, [], {}, [], {}, error)
+
 
 _CLIMB = frozenset(
     {
@@ -89,8 +108,14 @@ class FileTags(NamedTuple):
 
     @classmethod
     def from_payload(cls, path: str, payload: Payload) -> FileTags:
-        lang, defs, refs, imports, _doc, error = payload
-        return cls(path, lang, tuple(Definition(*d) for d in defs), refs, tuple(imports), error)
+        return cls(
+            path,
+            payload.lang,
+            tuple(Definition(*d) for d in payload.defs),
+            payload.refs,
+            tuple(payload.imports),
+            payload.error,
+        )
 
 
 def _text(node: Node) -> str:
@@ -277,7 +302,7 @@ def extract(source: bytes, lang: str) -> Payload:
         if raw:
             name = raw.decode("utf-8", "replace")
             refs[name] = refs.get(name, 0) + count
-    return (lang, defs, refs, sorted(set(imports)), file_terms(defs, docs, refs), "")
+    return Payload(lang, defs, refs, sorted(set(imports)), file_terms(defs, docs, refs), "")
 
 
 DEF_WEIGHT = 2
@@ -306,11 +331,11 @@ def extract_file(path: str, lang: str) -> Payload:
         with open(path, "rb") as fh:
             source = fh.read()
     except OSError as exc:
-        return (lang, [], {}, [], {}, f"unreadable: {exc.strerror or exc}")
+        return Payload.empty(lang, f"unreadable: {exc.strerror or exc}")
     try:
         return extract(source, lang)
     except Exception as exc:  # a grammar crash must not lose the other files
-        return (lang, [], {}, [], {}, f"parse failed: {exc}")
+        return Payload.empty(lang, f"parse failed: {exc}")
 
 
 def ctags_available() -> bool:
@@ -327,7 +352,7 @@ def ctags_available() -> bool:
 
 def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]:
     """Definitions for ``files`` ((relative path, "ctags:<Lang>")) from one universal-ctags run."""
-    result: dict[str, Payload] = {path: (lang, [], {}, [], {}, "") for path, lang in files}
+    result: dict[str, Payload] = {path: Payload.empty(lang) for path, lang in files}
     if not files:
         return result
     cmd = ["ctags", "--output-format=json", "--fields=+nKSe", "-f", "-", "-L", "-"]
@@ -342,7 +367,7 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
         )
     except (OSError, subprocess.SubprocessError) as exc:
         for path, lang in files:
-            result[path] = (lang, [], {}, [], {}, f"ctags failed: {exc}")
+            result[path] = Payload.empty(lang, f"ctags failed: {exc}")
         return result
     defs: dict[str, list[DefTuple]] = {p: [] for p, _ in files}
     for line in out.stdout.splitlines():
@@ -367,5 +392,5 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
         )
     for path, lang in files:
         found = sorted(defs[path], key=lambda d: (d[2], d[0]))
-        result[path] = (lang, found, {}, [], file_terms(found, [], {}), "")
+        result[path] = Payload(lang, found, {}, [], file_terms(found, [], {}), "")
     return result

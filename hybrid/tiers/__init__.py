@@ -12,15 +12,19 @@ from collections.abc import Iterator
 
 from hybrid.errors import PolicyError
 from hybrid.tiers.base import Probe, Tier, TierLimits
+from hybrid.tiers.bwrap import BWRAP
 from hybrid.tiers.container import DOCKER, GVISOR
+from hybrid.tiers.microvm import MICROVM
 from hybrid.tiers.python_wasm import PythonWasmTier
 from hybrid.tiers.wasm import WasmTier
 
 REGISTRY: list[Tier] = [
     WasmTier(),
     PythonWasmTier(),
+    BWRAP,
     DOCKER,
     GVISOR,
+    MICROVM,
 ]
 """Every tier, in the order the router tries them (cheapest first)."""
 

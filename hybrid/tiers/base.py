@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
     from hybrid.results import ExecutionResult
     from hybrid.router import Job
+    from hybrid.workstation.base import Backend
 
 OutputCallback = Callable[[str, bytes], None]
 
@@ -86,6 +87,10 @@ class Tier(Protocol):
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None
     ) -> ExecutionResult:
         """Run ``job`` under ``spec`` (already routed here) and return its result."""
+        ...
+
+    def backend(self) -> Backend | None:
+        """The workstation backend behind this tier; None for a tier that runs in process."""
         ...
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
     from hybrid.results import ExecutionResult
     from hybrid.router import Job
+    from hybrid.workstation.docker import DockerBackend
 
 ENGINE_SCRIPT = "scripts/engine.sh"
 ONE_SHOT_SETUP_SECONDS = 30.0
@@ -39,6 +40,7 @@ class ContainerTier:
     """A hardened container under one OCI runtime of the local Docker engine."""
 
     egress_refusal: str | None
+    services_refusal: str | None
     streams = True
 
     def __init__(
@@ -50,6 +52,7 @@ class ContainerTier:
         boundary: tuple[str, str] | None = None,
         untrusted_refusal: str | None = None,
         egress_refusal: str | None = None,
+        services_refusal: str | None = None,
         install: tuple[str, str] | None = None,
         smoke_fix: str,
     ) -> None:
@@ -57,6 +60,7 @@ class ContainerTier:
         self.runtime = runtime
         self.minimums = minimums
         self.egress_refusal = egress_refusal
+        self.services_refusal = services_refusal
         self._boundary = boundary  # (reason when untrusted, reason otherwise)
         self._untrusted_refusal = untrusted_refusal
         self._install = install  # (binary, how to install it) when the runtime is a package
@@ -161,6 +165,11 @@ class ContainerTier:
             if not job.command:
                 raise InvalidInput("nothing to run (give a command or a Python snippet)")
             return ws.exec(job.command, on_output=on_output)
+
+    def backend(self) -> DockerBackend:
+        from hybrid.workstation.docker import DockerBackend
+
+        return DockerBackend()  # one backend for every runtime: create() picks it from the spec
 
 
 def container_tiers() -> list[ContainerTier]:
@@ -299,6 +308,13 @@ GVISOR = ContainerTier(
     egress_refusal=(
         "network: gVisor here runs with --network=none (the host cannot give it a "
         'network namespace); use the docker tier for egress, or mode = "none"'
+    ),
+    # Measured: with --network=none the sandbox has its own loopback (a service's port in the
+    # shared namespace refuses), and without --host-uds it cannot connect to a unix socket in a
+    # shared volume (EPERM). No path to a service container is left.
+    services_refusal=(
+        "services: gVisor here runs with --network=none and no host unix sockets, so nothing "
+        "outside the sandbox is reachable from it; use the docker tier for services"
     ),
     install=("runsc", "install gVisor: apt-get install -y runsc"),
     smoke_fix="check the runsc flags in the daemon config (--network=none, --platform=ptrace) and the dockerd log",

@@ -76,3 +76,6 @@ class PythonWasmTier:
         assert source is not None
         result: ExecutionResult = runner.run_python(source, job.tests, spec=spec)
         return result
+
+    def backend(self) -> None:
+        return None  # runs in process: no workstations

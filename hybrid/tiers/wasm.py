@@ -102,6 +102,9 @@ class WasmTier:
             Path(module), job.command[1:], stdin=job.stdin, spec=spec, program=Path(module).name
         )
 
+    def backend(self) -> None:
+        return None  # runs in process: no workstations
+
 
 def _dist_version(name: str) -> str:
     try:

@@ -40,7 +40,7 @@ from hybrid import owner
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
 from hybrid.paths import display, read_input
 from hybrid.policy import Mount, SandboxSpec, admit, check_input_path, human_size
-from hybrid.results import ExecutionResult, Termination, Usage
+from hybrid.results import ExecutionResult, Termination, finish_result
 from hybrid.wasm import engine as _engine
 from hybrid.wasm import poll
 from hybrid.wasm.cache import CACHE
@@ -283,15 +283,11 @@ def run(
                 None,
             )
         wall_ms = (time.perf_counter() - start) * 1000
-        fuel_used: int | None = budget.fuel - store.get_fuel()
+        fuel_used = budget.fuel - store.get_fuel()
         store.close()  # closes the guest's ends of the pipes, so draining sees EOF
         stdout, stdout_cut = out.finish()
         stderr_bytes, stderr_cut = err.finish()
         stderr = stderr_bytes.decode("utf-8", errors="replace")
-        if termination is Termination.TIMEOUT and fuel_used == 0:
-            fuel_used = (
-                None  # an interrupt inside pure wasm code does not write the fuel counter back
-            )
         if termination in (Termination.NONZERO_EXIT, Termination.TRAP, Termination.ERROR) and (
             any(marker in stderr for marker in _OOM_MARKERS)
             or (memory_bytes is not None and memory_bytes + 16 * _PAGE >= budget.memory)
@@ -306,21 +302,20 @@ def run(
                 f"the scratch directory {spec.workspace} is full (cap {human_size(scratch.size)}); "
                 "raise it with budget.disk (--disk); the output so far is kept",
             )
-        if stdout_cut or stderr_cut:
-            termination, detail = (
-                Termination.OUTPUT_LIMIT,
-                f"output over {budget.output_bytes} bytes was cut",
-            )
-        return ExecutionResult(
-            tier="wasm",
-            termination=termination,
-            exit_code=exit_code,
-            stdout=stdout.decode("utf-8", errors="replace"),
+        return finish_result(
+            "wasm",
+            termination,
+            exit_code,
+            stdout=stdout,
             stderr=stderr,
             stdout_truncated=stdout_cut,
             stderr_truncated=stderr_cut,
-            usage=Usage(wall_ms=wall_ms, fuel_used=fuel_used, peak_memory_bytes=memory_bytes),
+            output_bytes=budget.output_bytes,
+            output_cap_closes=True,
+            wall_ms=wall_ms,
             detail=detail,
+            fuel_used=fuel_used,
+            peak_memory_bytes=memory_bytes,
         )
     finally:
         for pipe in pipes:

@@ -19,7 +19,7 @@ import stat
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Protocol
@@ -108,7 +108,9 @@ def repo_selection(repo: Path) -> Selection:
     return Listed(paths)
 
 
-def walk(root: Path, select: Selection, follow_root: bool = True) -> Iterator[HostEntry]:
+def walk(
+    root: Path, select: Selection, follow_root: bool = True
+) -> Generator[HostEntry, None, None]:
     """Entries under ``root`` (parents first), never reading through a symlink below it.
 
     ``root`` itself is opened as named when ``follow_root`` (a user's path to a repository);

@@ -39,6 +39,16 @@ def check_name(name: str) -> str:
     return name
 
 
+class ServiceInfo(BaseModel):
+    """One service of a workstation, as `hybrid ws ls` shows it."""
+
+    name: str
+    kind: str = Field(description="postgres, redis or image.")
+    image: str
+    port: int | None = Field(description="Its port on the workstation's 127.0.0.1.")
+    status: str = Field(description="running, restarting, exited, ... or missing.")
+
+
 class WorkstationInfo(BaseModel):
     """What `hybrid ws ls` shows about one workstation."""
 
@@ -56,6 +66,9 @@ class WorkstationInfo(BaseModel):
     egress_events: int | None = Field(
         None,
         description="Requests its egress proxy logged (see `hybrid ws egress NAME`); None without egress.",
+    )
+    services: list[ServiceInfo] = Field(
+        default_factory=list, description="Its services ([[services]] in the policy)."
     )
 
 

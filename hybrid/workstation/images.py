@@ -17,7 +17,6 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
-from hybrid.workstation import docker as _docker
 
 BASE_IMAGE = os.environ.get("HYBRID_BASE_IMAGE", "hybrid/base:bookworm")
 # What a workstation needs to build and test a Python project: the interpreter, venv + pip for
@@ -31,6 +30,23 @@ PACKAGES = (
     "procps",
     "ca-certificates",
 )
+PROFILES: dict[str, tuple[str, ...]] = {
+    "python": PACKAGES,
+    # Node projects: npm installs a lockfile's packages offline inside (hybrid.deps).
+    "node": (*PACKAGES, "nodejs", "npm"),
+    # Packages that compile (sdists with C extensions) build inside the sandbox.
+    "build": (*PACKAGES, "build-essential", "python3-dev", "pkg-config", "nodejs", "npm"),
+}
+"""Package sets of ``hybrid image bootstrap --profile``, all from Debian."""
+
+
+def profile_tag(profile: str) -> str:
+    """The default tag of a profile's image: the base image for python, ``-PROFILE`` otherwise."""
+    if profile not in PROFILES:
+        raise InvalidInput(f"unknown profile {profile!r}: use one of {', '.join(PROFILES)}")
+    return BASE_IMAGE if profile == "python" else f"{BASE_IMAGE}-{profile}"
+
+
 AGENT_UID = 1000
 _SOURCES_DIRS = (Path("/etc/apt/sources.list.d"), Path("/etc/apt"))
 
@@ -105,6 +121,8 @@ def _list_mirror(text: str, suite: str) -> str | None:
 
 def get(tag: str = BASE_IMAGE) -> ImageInfo | None:
     """The image ``tag`` if the engine has it, else None."""
+    from hybrid.workstation import docker as _docker  # the SDK only when the engine is asked
+
     client = _docker.client()
     with _docker.translate():
         try:
@@ -162,6 +180,8 @@ def bootstrap(
             ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(archive), "."], check=True
         )
         progress(f"importing as {tag}")
+        from hybrid.workstation import docker as _docker
+
         repository, version = tag.rsplit(":", 1)
         client = _docker.client()
         with _docker.translate():
@@ -187,6 +207,9 @@ def bootstrap(
     info = get(tag)
     if info is None:
         raise WorkstationError(f"the engine did not keep the imported image {tag}")
+    from hybrid.workstation.bwrap import rootfs as bwrap_root
+
+    bwrap_root.forget(tag)  # the bwrap tier's exported copy is of the old image
     return info.model_copy(update={"built": True})
 
 

@@ -37,7 +37,7 @@ from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, Works
 from hybrid.owner import start_time
 from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
-from hybrid.results import ExecutionResult, Termination, Usage
+from hybrid.results import ExecutionResult, Termination, Usage, finish_result
 from hybrid.workstation import archive
 from hybrid.workstation.base import (
     AttachCommand,
@@ -177,17 +177,16 @@ class LocalWorkstation:
             )
         else:
             termination, exit_code, detail = Termination.NONZERO_EXIT, code, f"exit status {code}"
-        if termination in (Termination.OK, Termination.NONZERO_EXIT) and any(cut.values()):
-            termination, detail = Termination.OUTPUT_LIMIT, f"output over {limit} bytes was cut"
-        return ExecutionResult(
-            tier=TIER,
-            termination=termination,
-            exit_code=exit_code,
-            stdout=kept["stdout"].decode("utf-8", errors="replace"),
-            stderr=kept["stderr"].decode("utf-8", errors="replace"),
+        return finish_result(
+            TIER,
+            termination,
+            exit_code,
+            stdout=kept["stdout"],
+            stderr=kept["stderr"],
             stdout_truncated=cut["stdout"],
             stderr_truncated=cut["stderr"],
-            usage=Usage(wall_ms=wall_ms),
+            output_bytes=limit,
+            wall_ms=wall_ms,
             detail=detail,
         )
 

@@ -1,9 +1,10 @@
 """The workstation contract, run against every backend this host can run: local (host
-processes, not a sandbox), docker with runc and docker with runsc. Everything goes through the
+processes, not a sandbox), bwrap, docker with runc, docker with runsc and QEMU microVMs. Everything goes through the
 protocols in hybrid.workstation.base only (Backend, Workstation, and Snapshots where the
 backend has it), so a new backend is conformant when it passes this module unchanged.
 
-The Docker backends need the real engine (a failure under HYBRID_REQUIRE_ENGINE=1 when absent).
+The Docker backends need the real engine and bwrap needs bubblewrap, root and cgroups (each a
+failure under HYBRID_REQUIRE_ENGINE=1 when absent).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from hybrid.workstation import (
 
 pytestmark = pytest.mark.timeout(300)
 
-BACKENDS = ["local", *(t.runtime for t in container_tiers())]
-"""local, then one Docker backend per container tier's runtime (runc, runsc)."""
+BACKENDS = ["local", "bwrap", *(t.runtime for t in container_tiers()), "microvm"]
+"""local, bwrap, one Docker backend per container tier's runtime (runc, runsc), QEMU microVMs."""
 
 
 class Host:
@@ -59,6 +60,10 @@ class Host:
 def host(request: pytest.FixtureRequest) -> Host:
     if request.param == "local":
         return Host(make_backend("local"), "auto")
+    if request.param == "bwrap":
+        return Host(request.getfixturevalue("bwrap_backend"), "bwrap")
+    if request.param == "microvm":
+        return Host(request.getfixturevalue("microvm"), "microvm")
     tier = next(t.name for t in container_tiers() if t.runtime == request.param)
     engine = request.getfixturevalue("engine")
     request.getfixturevalue("require_runtime")(tier)

@@ -60,11 +60,37 @@ def test_add_delete_rename(shop_repo: Path, git: Any, write: Any) -> None:
 
 def test_graph_follows_changes(shop_repo: Path) -> None:
     graph = load_graph(shop_repo)
-    assert "shop/shipping.py" in graph["paths"]
+    assert "shop/shipping.py" in graph.paths
     (shop_repo / "shop/shipping.py").unlink()
     graph = load_graph(shop_repo)
-    assert "shop/shipping.py" not in graph["paths"]
-    assert "shipping_cost" not in graph["symbols"]
+    assert "shop/shipping.py" not in graph.paths
+    assert "shipping_cost" not in graph.symbols
+
+
+def test_stored_rows_stay_plain_tuples_and_a_dict(shop_repo: Path) -> None:
+    """The typed views (Payload, Slim, Graph) store exactly what the untyped code stored, so
+    caches of the same SCHEMA stay readable."""
+    import marshal
+    import sqlite3
+
+    from hybrid.context.cache import SCHEMA, default_cache_path
+    from hybrid.context.graph import Graph, Slim
+    from hybrid.context.tags import Payload
+
+    cold = load_graph(shop_repo)
+    db = sqlite3.connect(default_cache_path())
+    tags = [marshal.loads(d) for (d,) in db.execute("SELECT data FROM tags")]
+    slims = [marshal.loads(d) for (d,) in db.execute("SELECT data FROM slims")]
+    (stored,) = [marshal.loads(d) for (d,) in db.execute("SELECT data FROM repo_graphs")]
+    db.close()
+    assert tags and all(type(t) is tuple and len(t) == len(Payload._fields) for t in tags)
+    assert slims and all(type(s) is tuple and len(s) == len(Slim._fields) for s in slims)
+    assert type(stored) is dict and set(stored) == set(cold.data()) and "index" not in stored
+    assert SCHEMA == 13  # 13: qualified symbol keys; the typed rows changed nothing stored
+    warm = load_graph(shop_repo)  # from the stored dict this time
+    assert isinstance(warm, Graph) and warm.data() == cold.data()
+    assert warm.repo_index.root == shop_repo
+    assert isinstance(warm.repo_index.payloads(["shop/shipping.py"])["shop/shipping.py"], Payload)
 
 
 def test_plain_directory_without_git(shop_repo: Path, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ def test_mentioned_identifier_ranks_its_definition_first(shop_repo: Path) -> Non
         ("shipping cost for heavy parcels is too low", "shop/shipping.py"),
     ]:
         ranking = rank(graph, task)
-        assert graph["paths"][ranking.order[0]] == expected, task
+        assert graph.paths[ranking.order[0]] == expected, task
         assert ranking.reasons[ranking.order[0]]
 
 
@@ -36,7 +36,7 @@ def test_ablations_differ_and_are_complete(shop_repo: Path) -> None:
     task = "apply_discount is wrong"
     orders = {mode: rank(graph, task, mode).order for mode in ("fused", "bm25", "graph")}
     for order in orders.values():
-        assert sorted(order) == list(range(len(graph["paths"])))
+        assert sorted(order) == list(range(len(graph.paths)))
 
 
 @pytest.mark.parametrize("budget", [5, 40, 120, 1000])
@@ -141,11 +141,11 @@ def test_words_only_in_comments_are_found_by_grep(shop_repo: Path, git) -> None:
     git(shop_repo, "commit", "-qam", "note")
     graph = load_graph(shop_repo)
     plain = rank(graph, "zorblax rule breaks checkout")
-    assert plain.bm25[graph["paths"].index("shop/shipping.py")] == 0  # not in any name or doc
+    assert plain.bm25[graph.paths.index("shop/shipping.py")] == 0  # not in any name or doc
     from functools import partial
 
     from hybrid.context.grep import grep_words
 
     with_grep = rank(graph, "zorblax rule breaks checkout", grep=partial(grep_words, shop_repo))
-    assert graph["paths"][with_grep.order[0]] == "shop/shipping.py"
-    assert with_grep.bm25[graph["paths"].index("shop/shipping.py")] > 0
+    assert graph.paths[with_grep.order[0]] == "shop/shipping.py"
+    assert with_grep.bm25[graph.paths.index("shop/shipping.py")] > 0

@@ -239,7 +239,7 @@ def test_top_files_reranked_by_their_best_symbol(tmp_path: Path, git: Any, write
     hits = rank_symbols(graph, ranking, repo)
     assert hits[0].definition.name == "fetch"
     reranked = rerank_files(graph, ranking, hits)
-    assert graph["paths"][reranked.order[0]] == "app/client.py"
+    assert graph.paths[reranked.order[0]] == "app/client.py"
     assert sorted(reranked.order) == sorted(ranking.order)  # a permutation
 
 
@@ -251,3 +251,78 @@ def test_js_member_assigned_function_spans_its_body() -> None:
     )
     (d,) = [d for d in _defs(source, "javascript") if d.name == "send"]
     assert (d.line, d.end_line, d.qualified) == (2, 5, "res.send")
+
+
+def test_graph_keys_definitions_by_qualified_name_and_resolves_references(
+    tmp_path: Path, git: Any, write: Any
+) -> None:
+    """``Session.send`` and ``Adapter.send`` are two symbols; a file's reference to ``send``
+    goes to the definition in the same file, else to the one in a file it imports."""
+    import numpy as np
+
+    from hybrid.context.graph import names_index
+    from hybrid.context.repomap import load_graph
+
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    write(
+        repo,
+        {
+            "pkg/__init__.py": "",
+            "pkg/sessions.py": (
+                "class Session:\n    def send(self, r):\n        return self.send_all(r)\n\n"
+                "    def send_all(self, r):\n        return r\n"
+            ),
+            "pkg/adapters.py": "class Adapter:\n    def send(self, r):\n        return r\n",
+            "pkg/api.py": (
+                "from pkg.sessions import Session\n\n\ndef call(r):\n    return Session().send(r)\n"
+            ),
+        },
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "initial")
+    graph = load_graph(repo)
+    symbols = graph.symbols
+    assert {"Session.send", "Adapter.send", "Session", "Adapter", "call"} <= set(symbols)
+    assert sorted(symbols[j] for j in names_index(graph)["send"]) == [
+        "Adapter.send",
+        "Session.send",
+    ]
+    n = len(graph.paths)
+    src = np.frombuffer(graph.src, dtype=np.int32)
+    dst = np.frombuffer(graph.dst, dtype=np.int32)
+
+    def referenced(path: str) -> set[str]:
+        i = graph.paths.index(path)
+        return {symbols[d - n] for s, d in zip(src, dst, strict=True) if s == i and d >= n}
+
+    assert "Session.send" in referenced("pkg/api.py")  # through its import
+    assert "Adapter.send" not in referenced("pkg/api.py")
+    assert "Adapter.send" not in referenced("pkg/sessions.py")  # its own send_all's caller
+
+
+def test_packing_prefers_several_small_bodies_to_one_big_one() -> None:
+    from hybrid.context.bodies import packing_order
+    from hybrid.context.symbols import SymbolHit
+
+    def hit(name: str, score: float) -> SymbolHit:
+        return SymbolHit(0, "a.py", Definition(name, "function", 1, 2, f"def {name}()"), score)
+
+    big, small, smaller = hit("big", 2.0), hit("small", 1.95), hit("smaller", 1.9)
+    assert packing_order([big, small, smaller], [3000, 80, 120]) == [small, smaller, big]
+    # equal sizes keep the score order
+    assert packing_order([big, small, smaller], [90, 90, 90]) == [big, small, smaller]
+
+
+def test_pack_spans_hold_the_imports_and_class_headers_it_shows(requests_like: Path) -> None:
+    pack = context_pack(requests_like, TASK, tokens=2000)
+    item = next(i for i in pack.items if i.kind == "symbols" and i.path == "reqs/sessions.py")
+    lines = REQUESTS_LIKE["reqs/sessions.py"].splitlines()
+    held = {n for a, b in item.spans for n in range(a, b + 1)}
+    for text in ("from .utils import resolve_proxies", "class Session(SessionRedirectMixin):"):
+        assert text in item.text
+        assert lines.index(text) + 1 in held
+    # every span is text the item really holds
+    for a, b in item.spans:
+        assert all(line in item.text for line in lines[a - 1 : b])

@@ -52,6 +52,17 @@ FILE_SLOTS: dict[str, list[tuple[list[str], str]]] = {
     "run": [(["--repo", "{}", "--", "true"], "dir")],
     "route": [(["--repo", "{}", "--", "true"], "dir")],
     "ws up": [([NAME, "--repo", "{}"], "dir")],
+    "deps show": [(["{}"], "dir")],
+    "deps lock": [
+        (["{}"], "dir"),
+        (["{dir}", "--approved", "{}"], "file"),
+        (["{dir}", "--output", "{}"], "out"),
+    ],
+    "deps admit": [
+        (["{}"], "dir"),
+        (["{dir}", "--approved", "{}"], "file"),
+        (["{dir}", "--manifest", "{}"], "file"),
+    ],
     "ws diff": [([NAME, "--output", "{}"], "out")],
     "policy init": [(["{}"], "out")],
     "ws cp": [],  # NAME:PATH pairs: see ENGINE_CASES (the copy itself is another test's)
@@ -138,6 +149,9 @@ PARSED = {
     ("solve", 5): ["garbage", "bad_toml"],
     ("gate", 0): ["garbage", "bad_diff"],
     ("eval", 0): ["garbage", "bad_json"],
+    ("deps lock", 1): ["garbage", "bad_json"],
+    ("deps admit", 1): ["garbage", "bad_json"],
+    ("deps admit", 2): ["garbage", "bad_json"],
 }
 # Arguments that make a command with --policy parse, so the policy file is what fails.
 BASE_ARGS: dict[str, list[str]] = {
@@ -153,6 +167,8 @@ BASE_ARGS: dict[str, list[str]] = {
     "route": ["--", "true"],
     "ws up": [NAME],
     "mcp": ["--root", "{dir}"],
+    "deps lock": ["{dir}"],
+    "deps admit": ["{dir}"],
 }
 BAD_POLICIES = ["missing", "latin1_missing", "dir", "garbage", "bad_toml", "bool_toml", "tiny_toml"]
 # Budget options and values no budget can take.
@@ -172,6 +188,8 @@ ENGINE_CASES = [
     ["ws", "up", NAME, "--allow", "*"],
     ["ws", "up", NAME, "--gvisor", "--allow", "example.com"],
     ["ws", "up", NAME, "--memory", "1"],
+    ["ws", "up", NAME, "--deps"],
+    ["ws", "deps", NAME],
     ["ws", "exec", NAME, "--", "true"],
     ["ws", "exec", "Bad Name!", "--", "true"],
     ["ws", "diff", NAME],

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from hybrid import router, tiers
-from hybrid.errors import PolicyError
+from hybrid import router, tiers, workstation
+from hybrid.errors import PolicyError, WorkstationNotFound
 from hybrid.policy import Budget, SandboxSpec, admit, tier_limits
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.tiers.base import OutputCallback, Probe, Tier, TierLimits
 from hybrid.tiers.container import container_tiers, runtime_of, tier_of
+from hybrid.workstation.local import LocalBackend
 
 EVERYTHING = {name: (True, "test double") for name in tiers.names()}
 
@@ -52,19 +53,23 @@ class FakeTier:
             stdout=" ".join(job.command[1:]) + f" (spec tier {spec.tier})\n",
         )
 
+    def backend(self) -> None:
+        return None
+
 
 @pytest.fixture
 def fake() -> Iterator[Tier]:
-    with tiers.registered(FakeTier(), before="docker") as tier:
+    with tiers.registered(FakeTier(), before="bwrap") as tier:
         yield tier
     assert "fake" not in tiers.names()
 
 
 def test_the_registry_is_ordered_cheapest_first_and_every_entry_is_a_tier():
-    assert tiers.names() == ("wasm", "python-wasm", "docker", "gvisor")
+    assert tiers.names() == ("wasm", "python-wasm", "bwrap", "docker", "gvisor", "microvm")
     assert all(isinstance(t, Tier) for t in tiers.all_tiers())
     with pytest.raises(
-        PolicyError, match=r"unknown tier 'nope' \(use wasm, python-wasm, docker or gvisor\)"
+        PolicyError,
+        match=r"unknown tier 'nope' \(use wasm, python-wasm, bwrap, docker, gvisor or microvm\)",
     ):
         tiers.get("nope")
 
@@ -86,7 +91,7 @@ def test_a_registered_tier_is_routed_in_registry_order(fake: Tier):
     assert set(chosen.rejected) == {"wasm", "python-wasm"}
 
     passed_over = router.route(router.Job(command=["true"]), available=available)
-    assert passed_over.tier == "docker"
+    assert passed_over.tier == "bwrap"
     assert passed_over.rejected["fake"] == "the fake runs only fake-ok"
 
     result = router.run(router.Job(command=["fake-ok", "hi"]), "fake", available=available)
@@ -112,7 +117,7 @@ def test_a_registered_tier_sets_admits_limits_and_minimums(fake: Tier):
 def test_an_unregistered_tier_is_refused_everywhere():
     with pytest.raises(
         PolicyError,
-        match="tier: Input should be 'auto', 'wasm', 'python-wasm', 'docker' or 'gvisor'",
+        match="tier: Input should be 'auto', 'wasm', 'python-wasm', 'bwrap', 'docker', 'gvisor' or 'microvm'",
     ):
         SandboxSpec.from_dict({"tier": "fake"})
     with pytest.raises(PolicyError, match="unknown tier 'fake'"):
@@ -120,11 +125,11 @@ def test_an_unregistered_tier_is_refused_everywhere():
 
 
 def test_a_registered_tier_is_in_the_cli(fake: Tier, hybrid_cli, monkeypatch, tmp_path: Path):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(router, "_availability_cache", None)  # probe again, the fake included
+    monkeypatch.setattr(router, "_probed", {})  # probe again, the fake included
     code, out, _ = hybrid_cli("run", "--help")
-    assert code == 0 and "[auto|wasm|python-wasm|fake|docker|gvisor]" in out
+    assert code == 0 and "[auto|wasm|python-wasm|fake|bwrap|docker|gvisor|microvm]" in out
     code, out, _ = hybrid_cli("policy", "check", "--help")
-    assert code == 0 and "[wasm|python-wasm|fake|docker|gvisor]" in out
+    assert code == 0 and "[wasm|python-wasm|fake|bwrap|docker|gvisor|microvm]" in out
 
     code, out, err = hybrid_cli("route", "--json", "--", "true")
     assert code == 0, err
@@ -145,7 +150,7 @@ def test_a_registered_tier_is_in_the_cli(fake: Tier, hybrid_cli, monkeypatch, tm
     code, out, _ = hybrid_cli("doctor", "--json")
     assert code == 0
     rows = {row["tier"]: row for row in json.loads(out)}
-    assert list(rows)[:4] == ["wasm", "python-wasm", "fake", "docker"]
+    assert list(rows)[:4] == ["wasm", "python-wasm", "fake", "bwrap"]
     assert rows["fake"] == {
         "tier": "fake",
         "available": True,
@@ -160,7 +165,16 @@ def test_a_registered_tier_is_attacked_by_the_hostile_suite(fake: Tier):
         from hostile_kit import hostile_tiers
     finally:
         sys.path.pop(0)
-    assert hostile_tiers() == ["wasm", "python-wasm", "fake", "docker", "gvisor", "workstation"]
+    assert hostile_tiers() == [
+        "wasm",
+        "python-wasm",
+        "fake",
+        "bwrap",
+        "docker",
+        "gvisor",
+        "microvm",
+        "workstation",
+    ]
 
 
 def test_importing_the_registry_loads_no_runtime():
@@ -172,3 +186,46 @@ def test_importing_the_registry_loads_no_runtime():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+class FakeWorkstationTier(FakeTier):
+    """A tier that keeps workstations: the local backend (host processes) stands behind it."""
+
+    name = "fake-ws"
+    minimums = {}
+
+    def backend(self) -> LocalBackend:  # type: ignore[override]
+        return LocalBackend()
+
+
+def test_a_tier_names_its_workstation_backend_and_the_cli_finds_its_workstations(
+    hybrid_cli, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HYBRID_STATE_DIR", str(tmp_path / "state"))
+    assert isinstance(workstation.backend("gvisor"), type(workstation.backend("docker")))
+    with pytest.raises(PolicyError, match="tier 'python-wasm' runs in process and keeps no workst"):
+        workstation.backend("python-wasm")
+    code, _, err = hybrid_cli("ws", "up", "--tier", "wasm")
+    assert code == 2 and "runs in process" in err and "Traceback" not in err
+    code, _, err = hybrid_cli("ws", "up", "--tier", "docker", "--gvisor")
+    assert code == 2 and "--gvisor contradicts --tier docker" in err
+
+    with tiers.registered(FakeWorkstationTier()):
+        assert [type(b).__name__ for b in workstation.backends()] == [
+            "BwrapBackend",
+            "DockerBackend",
+            "MicrovmBackend",
+            "LocalBackend",
+        ]
+        code, out, err = hybrid_cli("ws", "up", "w1", "--tier", "fake-ws")
+        assert (code, out) == (0, "w1\n"), err
+        # Every other command finds it by name, whichever backend holds it.
+        assert workstation.locate("w1").tier == "local"
+        code, out, _ = hybrid_cli("ws", "exec", "w1", "--", "sh", "-c", "echo hi > f; cat f")
+        assert (code, out) == (0, "hi\n")
+        code, out, _ = hybrid_cli("ws", "ls", "--json")
+        assert "w1" in [w["name"] for w in json.loads(out)["workstations"]]
+        code, _, _ = hybrid_cli("ws", "down", "w1")
+        assert code == 0
+        with pytest.raises(WorkstationNotFound, match="no workstation named w1"):
+            workstation.locate("w1")

@@ -159,7 +159,10 @@ def sandbox(  # type: ignore[no-untyped-def]
 
             ok, why = availability().get(tier, (False, "not probed"))
             if not ok:
-                pytest.skip(f"tier {tier} is not available on this host: {why}")
+                reason = f"tier {tier} is not available on this host: {why}"
+                if os.environ.get("HYBRID_REQUIRE_ENGINE") == "1":
+                    pytest.fail(f"HYBRID_REQUIRE_ENGINE=1 but {reason}", pytrace=False)
+                pytest.skip(reason)
         driver = ProcessDriver(tier, row)
     warm(driver)
     return driver

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from hybrid import Termination, run_python
-from hybrid.wasm.python import runner
+from hybrid.wasm.python import staging
 
 FILL = """
 block = b"x" * (1 << 20)
@@ -30,5 +30,5 @@ def test_a_snippet_cannot_write_a_big_file_anywhere() -> None:
         assert result.termination is Termination.OK, result
         lines = result.stdout.splitlines()
         assert len(lines) == 4 and all("refused" in line for line in lines), lines
-        root = str(runner._scratch_root())
+        root = str(staging.scratch_root())
         assert _bytes_under(root) < 1024**2  # only pipes and the staged input files

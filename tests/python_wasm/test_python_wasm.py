@@ -238,7 +238,8 @@ def test_os_exit_ends_the_run_with_its_output() -> None:
 def test_syntax_error_is_reported_not_raised() -> None:
     result = run_python("def broken(:\n    pass")
     assert result.termination is Termination.NONZERO_EXIT
-    assert "SyntaxError" in result.detail
+    # The exception line, which ends the error text (it starts with the file and the caret).
+    assert result.detail.startswith("SyntaxError: "), result.detail
 
 
 # --- containment ----------------------------------------------------------------------------

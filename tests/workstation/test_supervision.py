@@ -140,6 +140,41 @@ def test_a_killed_clients_deadline_holds_and_the_next_run_reaps_its_sandbox(engi
             client().api.remove_container(left["Id"], force=True)
 
 
+def test_a_deadline_holds_when_the_workload_stops_its_watchdog_and_the_client_dies(
+    engine, tier, make_spec
+):
+    """The in-sandbox watchdog runs as the workload's user, which can SIGSTOP it (and `timeout`)
+    so the exec never ends; with the client killed too, only the host-side backstop is left to
+    hold the deadline in a long-lived workstation."""
+    hostile = (
+        "p=$PPID; g=$(ps -o ppid= -p $p); kill -STOP $p $g; echo started; "
+        "setsid sh -c 'while :; do :; done' & while :; do :; done"
+    )
+    with engine.create(make_spec(tier, wall_seconds=300)) as ws:
+        proc = _hybrid(
+            "ws", "exec", ws.name, "--timeout", f"{DEADLINE:g}", "--", "sh", "-c", hostile
+        )
+        try:
+            started = _wait_for_line(proc, b"started", 120)
+            assert _spinning(ws.id) > 0.02, "the loop should be burning CPU before the deadline"
+            proc.kill()
+            proc.wait(30)
+            stopped_at = None
+            while time.time() < started + DEADLINE + SLACK + 30:
+                if _spinning(ws.id) < 0.01:
+                    stopped_at = time.time()
+                    break
+            assert stopped_at is not None, "the loop outlived its deadline (watchdog stopped)"
+            assert stopped_at <= started + DEADLINE + SLACK, (
+                f"stopped {stopped_at - started:.1f}s after it started (deadline {DEADLINE}s)"
+            )
+            # The workstation itself lives on: the next exec starts it again.
+            assert ws.exec("echo back").stdout == "back\n"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=str)
 def test_sigterm_and_sighup_clean_up_like_sigint(engine, tier, signum):
     """The client stops the sandbox, removes it and exits 128+N with one line, no traceback."""

@@ -2,7 +2,8 @@
 
 from hybrid.wasm.python.guest import build, component, is_ready
 from hybrid.wasm.python.pool import PythonPool
-from hybrid.wasm.python.runner import DEFAULT_SPEC, InputFiles, available_modules, run_python
+from hybrid.wasm.python.runner import DEFAULT_SPEC, available_modules, run_python
+from hybrid.wasm.python.staging import InputFiles
 
 __all__ = [
     "DEFAULT_SPEC",

@@ -273,21 +273,21 @@ def _decode(payload: tuple[type[HybridError], Any]) -> HybridError:
 def _orphaned(parent: int) -> None:
     # A parent that dies (even by SIGKILL) must not leave its worker behind, whatever the worker
     # is doing: loading the guest, or serving a guest blocked in a host call.
-    from hybrid.wasm.python import runner
+    from hybrid.wasm.python import staging
 
     while os.getppid() == parent:
         time.sleep(ORPHAN_CHECK)
-    shutil.rmtree(runner._scratch_root(), ignore_errors=True)  # no atexit after os._exit
+    shutil.rmtree(staging.scratch_root(), ignore_errors=True)  # no atexit after os._exit
     os._exit(1)
 
 
 def serve(read_fd: int, write_fd: int, index: int) -> None:
     """The worker process: load the guest, say hello, then run requests until the parent goes."""
-    from hybrid.wasm.python import guest, runner
+    from hybrid.wasm.python import guest, runner, staging, workers
 
     # Workers take the CPUs in turn (before any thread starts, so every thread of this one
     # stays on its CPU), as the guest threads of one process did.
-    runner.pin(index)
+    workers.pin(index)
     runner.IN_WORKER = True
     threading.Thread(
         target=_orphaned, args=(os.getppid(),), name="hybrid-py-parent", daemon=True
@@ -296,7 +296,7 @@ def serve(read_fd: int, write_fd: int, index: int) -> None:
     replies = Connection(write_fd, readable=False)
     try:
         guest.component()
-        replies.send(("hello", str(runner._scratch_root())))
+        replies.send(("hello", str(staging.scratch_root())))
     except HybridError as exc:
         with contextlib.suppress(OSError):
             replies.send(("error", _encode(exc)))

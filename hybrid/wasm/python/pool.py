@@ -25,7 +25,7 @@ from hybrid.results import ExecutionResult
 
 def _warm(started: Synchronized[int]) -> None:
     from hybrid.wasm.python import run_python
-    from hybrid.wasm.python.runner import pin
+    from hybrid.wasm.python.workers import pin
 
     with started.get_lock():
         index = started.value

@@ -14,12 +14,14 @@ from docker import errors
 from docker.types import DriverConfig, LogConfig
 from docker.types import Mount as DockerMount
 
+from hybrid.deps import layers as deps_layers
 from hybrid.errors import PolicyViolation, WorkstationError, WorkstationNotFound
-from hybrid.policy import SandboxSpec, admit, check_input_path
+from hybrid.policy import SandboxSpec, admit, check_input_path, for_workstation
 from hybrid.tiers.container import tier_of
 from hybrid.workstation import disk, state
 from hybrid.workstation.base import GcReport, check_name
 from hybrid.workstation.baseline import Baseline
+from hybrid.workstation.docker import services
 from hybrid.workstation.docker.egress import _EGRESS_LOG_SIZE, _EGRESS_USER
 from hybrid.workstation.docker.engine import client, translate
 from hybrid.workstation.docker.gc import _remove_volume, disk_gc
@@ -75,16 +77,19 @@ class DockerBackend:
         persistent: bool = False,
         snapshot_of: str | None = None,
         lifetime: float | None = None,
+        service_images: dict[str, str] | None = None,
     ) -> DockerWorkstation:
         """A new hardened workstation from ``image`` (default the base image) with ``repo`` copied in.
 
         ``lifetime`` (seconds, for one-shot sandboxes) makes the engine itself end the container
         then, client or no client: its PID 1 is a plain ``sleep``, which nothing inside can
         signal or stop (a namespace's init ignores signals it has no handler for).
+        The spec's services are healthy before this returns; ``service_images`` ({service:
+        image}) starts them from a snapshot's data.
         """
         from hybrid.workstation.images import BASE_IMAGE
 
-        spec = spec or SandboxSpec(tier="docker")
+        spec = spec or for_workstation(SandboxSpec(tier="docker"))
         runtime = runtime_for(spec)
         tier = tier_of(runtime)
         violations = admit(spec, tier)
@@ -118,7 +123,11 @@ class DockerBackend:
                 LABEL_BASE: base,
                 LABEL_SNAPSHOT_OF: snapshot_of or "",
                 LABEL_NETWORK: (
-                    f"container:hybrid-{name}-relay" if spec.network.mode == "egress" else ""
+                    f"container:hybrid-{name}-relay"
+                    if spec.network.mode == "egress"
+                    else f"container:{services.holder_name(name)}"
+                    if spec.services
+                    else ""
                 ),
             }
             if api.containers(
@@ -130,10 +139,17 @@ class DockerBackend:
             volume, labels[LABEL_DISK] = self._workspace_volume(labels, spec, tier)
             container_id = None
             try:
-                if labels[LABEL_NETWORK]:
+                if spec.network.mode == "egress":
                     self._egress(labels, spec)
+                elif labels[LABEL_NETWORK]:
+                    services.make_holder(labels)
+                if spec.services:
+                    # Healthy before the workstation exists: a client killed meanwhile leaves only
+                    # services without a workstation, which gc removes even when persistent.
+                    services.create_all(labels, spec, labels[LABEL_NETWORK], service_images or {})
+                    services.wait_ready(name, spec)
                 if (
-                    image_labels.get(LABEL_KIND) not in ("base", "snapshot")
+                    image_labels.get(LABEL_KIND) not in ("base", "snapshot", "deps")
                     or spec.workspace != "/workspace"
                 ):
                     self._own_workspace(image, volume, spec)
@@ -166,6 +182,9 @@ class DockerBackend:
                     api.remove_volume(volume, force=True)
                 disk.drop(Path(labels[LABEL_DISK]))
                 self._remove_egress(name)
+                if labels[LABEL_NETWORK]:
+                    with contextlib.suppress(WorkstationError):
+                        services.remove_all(name)
                 raise
             ws = DockerWorkstation(client().containers.get(container_id), self)
         if repo is not None:
@@ -398,14 +417,19 @@ class DockerBackend:
     ) -> DockerWorkstation:
         """A new workstation starting from snapshot ``snapshot`` (its files and packages)."""
         info = self.snapshot_info(snapshot)
+        with translate(f"snapshot {snapshot}"):
+            labels = client().api.inspect_image(info.image)["Config"]["Labels"] or {}
         if spec is None:
-            with translate(f"snapshot {snapshot}"):
-                labels = client().api.inspect_image(info.image)["Config"]["Labels"]
             spec = SandboxSpec.model_validate_json(labels[LABEL_SPEC])
         # The image's spec names its env.set variables; their values are in host-side state.
         spec = state.with_values(spec, state.load_env(state.path("snapshots", info.id)))
         made = self.create(
-            spec, image=info.image, name=name, persistent=persistent, snapshot_of=snapshot
+            spec,
+            image=info.image,
+            name=name,
+            persistent=persistent,
+            snapshot_of=snapshot,
+            service_images=services.images_of(labels),
         )
         try:
             Baseline.of("snapshots", info.id).copy_to(made.baseline())
@@ -471,6 +495,8 @@ class DockerBackend:
         with translate(f"remove snapshot {name}"), contextlib.suppress(errors.APIError):
             client().api.remove_image(info.image, noprune=False)
             state.forget("snapshots", info.id)
+        with translate(f"remove the services of snapshot {name}"):
+            services.drop_snapshots(name)
 
     def _gc_egress(self, everything: bool, report: GcReport) -> None:
         # A relay or proxy whose workstation is gone (a crash between removals, or a
@@ -483,7 +509,7 @@ class DockerBackend:
                 all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_KIND}=workstation"]}
             )
         }
-        for kind in ("relay", "proxy"):
+        for kind in ("relay", "proxy", "netns", "service"):
             for row in api.containers(
                 all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_KIND}={kind}"]}
             ):
@@ -507,6 +533,7 @@ class DockerBackend:
             api.remove_container(container_id, force=True)
         if labels.get(LABEL_NETWORK):
             self._remove_egress(labels[LABEL_NAME])
+            services.remove_all(labels[LABEL_NAME])
         if volume:
             _remove_volume(volume)
         state.forget("workstations", container_id)
@@ -523,6 +550,7 @@ class DockerBackend:
             ):
                 api.remove_image(image)
                 state.forget("snapshots", attrs["Id"])
+                services.drop_snapshots(labels.get(LABEL_SNAPSHOT, ""))
 
     def reap(self) -> GcReport:
         """Remove what dead clients left: their non-persistent containers with their volumes and
@@ -556,6 +584,8 @@ class DockerBackend:
                     report.volumes.append(labels[LABEL_VOLUME])
             if labels.get(LABEL_NETWORK):
                 self._remove_egress(labels.get(LABEL_NAME, ""), report)
+                with contextlib.suppress(WorkstationError):
+                    services.remove_all(labels.get(LABEL_NAME, ""), report)
 
     def gc(self, everything: bool = False) -> GcReport:
         """Remove what crashed clients left: their scoped containers, orphan volumes, fork snapshots.
@@ -581,6 +611,7 @@ class DockerBackend:
                         _remove_volume(volume["Name"])
                         report.volumes.append(volume["Name"])
             disk_gc(api)
+            deps_layers.gc(api, report)  # untagged dependency layers, stale staging
             for network in api.networks(filters={"label": f"{LABEL_MANAGED}=1"}):
                 attached = api.inspect_network(network["Id"]).get("Containers") or {}
                 if not attached:
@@ -600,6 +631,7 @@ class DockerBackend:
                         api.remove_image(row["Id"], force=True)
                         state.forget("snapshots", row["Id"])
                         report.images.append(labels.get(LABEL_SNAPSHOT) or row["Id"][7:19])
+            services.drop_snapshots(None, report)  # of snapshots that are gone
             # Host-side state (diff baselines) of workstations and snapshots that are gone.
             state.prune("workstations", {row["Id"] for row in api.containers(all=True)})
             state.prune("snapshots", {row["Id"] for row in api.images(all=True)})

@@ -11,7 +11,7 @@ from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
 from hybrid.owner import alive as _alive_since
 from hybrid.owner import start_time as _start_time
 from hybrid.tiers.container import runtime_of, tier_of
-from hybrid.workstation.base import SnapshotInfo, WorkstationInfo
+from hybrid.workstation.base import ServiceInfo, SnapshotInfo, WorkstationInfo
 from hybrid.workstation.docker.egress import egress_log
 
 if TYPE_CHECKING:
@@ -36,9 +36,12 @@ LABEL_SOURCE = "hybrid.source"
 LABEL_EPHEMERAL = "hybrid.ephemeral"
 LABEL_NETWORK = "hybrid.network"
 LABEL_DISK = "hybrid.disk"
+LABEL_SERVICE = "hybrid.service"
+LABEL_SERVICES = "hybrid.services"
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
 DEFAULT_USER = "1000:1000"
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A dependency layer's venv and node tools come first (hybrid.deps.layers); absent elsewhere.
+BASE_PATH = "/opt/hybrid/venv/bin:/opt/hybrid/node/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _RUNSC_PIDS_BASE = 64
 _RUNSC_PIDS_PER_TASK = 16
 
@@ -73,6 +76,10 @@ def _base_env(spec: SandboxSpec) -> dict[str, str]:
         for key in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             env[key] = url
         env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1"
+    if spec.services:
+        from hybrid.workstation.services import environment
+
+        env.update(environment(spec.services))
     return env
 
 
@@ -96,11 +103,24 @@ def _info(attrs: dict[str, Any]) -> WorkstationInfo:
         persistent=labels.get(LABEL_PERSISTENT) == "1",
         snapshot_of=labels.get(LABEL_SNAPSHOT_OF) or None,
         egress_events=_egress_count(labels),
+        services=_services(labels),
     )
 
 
+def _services(labels: dict[str, str]) -> list[ServiceInfo]:
+    if '"services":[]' in labels.get(LABEL_SPEC, '"services":[]'):
+        return []  # the common case, without an engine call
+    from hybrid.policy import SandboxSpec
+    from hybrid.workstation.docker.services import infos
+
+    with contextlib.suppress(WorkstationError, EngineUnavailable, ValueError):
+        spec = SandboxSpec.model_validate_json(labels[LABEL_SPEC])
+        return infos(labels.get(LABEL_NAME, ""), spec)
+    return []
+
+
 def _egress_count(labels: dict[str, str]) -> int | None:
-    if not labels.get(LABEL_NETWORK):
+    if not labels.get(LABEL_NETWORK, "").endswith("-relay"):
         return None
     with contextlib.suppress(WorkstationError, EngineUnavailable):
         return len(egress_log(labels.get(LABEL_NAME, "")))

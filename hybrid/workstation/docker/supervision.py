@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 
     import docker
 
+    from hybrid.workstation.cgroup import Cgroup, Sample
     from hybrid.workstation.docker.workstation import DockerWorkstation
 
 
@@ -34,13 +37,74 @@ _WATCHDOG = (
 )
 
 
+# The watchdog above runs as the sandbox's user, so code of that user can kill it. The backstop
+# runs on the host, in a session of its own (a killed client does not take it along) where
+# nothing inside can signal it: past the deadline and a grace it asks the engine whether the
+# exec still runs and, if so, kills the container, as the supervisor would have. The client
+# ends it when the exec ends; it imports the Docker SDK only if it has to act.
+_BACKSTOP_GRACE = 3.0
+_BACKSTOP = """
+import sys, time
+exec_id, container, due = sys.argv[1], sys.argv[2], float(sys.argv[3])
+time.sleep(max(due - time.time(), 0))
+import docker
+api = docker.from_env(timeout=30).api
+try:
+    running = api.exec_inspect(exec_id).get("Running")
+except docker.errors.NotFound:
+    running = False  # the engine drops exec records when the container stops
+if running:
+    api.kill(container)
+"""
+
+
+class _Backstop:
+    """The host-side deadline of one exec (see _BACKSTOP); ``stop`` when the exec ends."""
+
+    def __init__(self, exec_id: str, container: str, deadline: float) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        with contextlib.suppress(OSError):
+            self._proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _BACKSTOP,
+                    exec_id,
+                    container,
+                    f"{deadline + _BACKSTOP_GRACE:.3f}",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+
+    def stop(self) -> None:
+        """End it (idempotent)."""
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+            self._proc = None
+
+
 class _Supervisor:
     """Watches one exec: kills the container at the deadline, and notices a sandbox that died."""
 
-    def __init__(self, ws: DockerWorkstation, stream: _ExecStream, deadline: float) -> None:
+    def __init__(
+        self,
+        ws: DockerWorkstation,
+        stream: _ExecStream,
+        deadline: float,
+        meter: Cgroup | None = None,
+    ) -> None:
         self._ws = ws
         self._stream = stream
         self._deadline = deadline
+        self._meter = meter
+        self.last_sample: Sample | None = None  # the cgroup's counters at the latest poll
         self._done = threading.Event()
         self.timed_out = False
         self.died = False
@@ -53,11 +117,15 @@ class _Supervisor:
         while not self._done.wait(min(_POLL_SECONDS, max(self._deadline - time.time(), 0.0))):
             if time.time() >= self._deadline:
                 self.timed_out = True
+                if self._meter is not None:
+                    self.last_sample = self._meter.sample() or self.last_sample
                 self._ws._kill()
                 # Let the last output that was already in flight arrive before cutting the stream.
                 self._done.wait(0.2)
                 self._close()
                 return
+            if self._meter is not None:
+                self.last_sample = self._meter.sample() or self.last_sample
             try:
                 alive = self._ws._alive()
             except errors.DockerException:

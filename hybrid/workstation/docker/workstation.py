@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import secrets
 import shutil
 import tarfile
@@ -19,9 +20,10 @@ from hybrid.errors import EngineUnavailable, InvalidInput, PolicyViolation, Work
 from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.tiers.container import tier_of
-from hybrid.workstation import archive, disk, state
+from hybrid.workstation import archive, cgroup, disk, state
 from hybrid.workstation.base import AttachCommand, check_name
 from hybrid.workstation.baseline import Baseline
+from hybrid.workstation.docker import services
 from hybrid.workstation.docker.egress import egress_log
 from hybrid.workstation.docker.engine import _explain, _stream_client, client, translate
 from hybrid.workstation.docker.labels import (
@@ -35,6 +37,7 @@ from hybrid.workstation.docker.labels import (
     LABEL_OWNER,
     LABEL_PERSISTENT,
     LABEL_RUNTIME,
+    LABEL_SERVICES,
     LABEL_SNAPSHOT,
     LABEL_SOURCE,
     LABEL_SPEC,
@@ -48,6 +51,7 @@ from hybrid.workstation.docker.labels import (
 from hybrid.workstation.docker.supervision import (
     _WATCHDOG,
     _WATCHDOG_GRACE,
+    _Backstop,
     _Chunks,
     _ExecStream,
     _Supervisor,
@@ -138,9 +142,12 @@ class DockerWorkstation:
                 self._running = False
                 self._ensure_running()
                 exec_id = create()
+            meter = self._cgroup()
+            before = meter.sample() if meter is not None else None
             start = time.time()
             stream = _ExecStream(_stream_client(), exec_id)
-        supervisor = _Supervisor(self, stream, start + deadline)
+        backstop = _Backstop(exec_id, self.id, start + deadline)
+        supervisor = _Supervisor(self, stream, start + deadline, meter)
         out, err = bytearray(), bytearray()
         cut = {"stdout": False, "stderr": False}
         try:
@@ -165,7 +172,14 @@ class DockerWorkstation:
         finally:
             supervisor.stop()
             stream.close()
+            backstop.stop()
         wall_ms = (time.time() - start) * 1000
+        after = meter.sample() if meter is not None else None
+        if meter is not None:
+            meter.close()
+        # A container the deadline (or gVisor's OOM) stopped took its cgroup along: the
+        # supervisor's last sample is the nearest to the end there is.
+        used = cgroup.delta(before, after or supervisor.last_sample)
         termination, exit_code, detail = self._classify(
             exec_id, supervisor, start, deadline, bytes(err)
         )
@@ -182,9 +196,20 @@ class DockerWorkstation:
             stderr=err.decode("utf-8", errors="replace"),
             stdout_truncated=cut["stdout"],
             stderr_truncated=cut["stderr"],
-            usage=Usage(wall_ms=wall_ms),
+            usage=_usage(wall_ms, used, termination),
             detail=detail,
         )
+
+    def _cgroup(self) -> cgroup.Cgroup | None:
+        # Found through the container's init, so runc's cgroup and runsc's sandbox cgroup alike;
+        # None for a remote engine (no such process here) or a host that hides the counters.
+        with contextlib.suppress(errors.DockerException, KeyError):
+            pid = client().api.inspect_container(self.id)["State"].get("Pid") or 0
+            meter = cgroup.Cgroup.of_pid(int(pid))
+            if meter is not None:
+                meter.reset_peak()
+            return meter
+        return None
 
     def _classify(
         self, exec_id: str, supervisor: _Supervisor, start: float, deadline: float, err: bytes
@@ -201,7 +226,8 @@ class DockerWorkstation:
                 return (
                     Termination.TIMEOUT,
                     None,
-                    f"wall-clock deadline of {deadline:g}s reached; every process was killed",
+                    f"wall-clock deadline of {deadline:g}s reached; every process was killed "
+                    "(raise it: ws exec --timeout SECONDS, or budget.wall_seconds in the policy)",
                 )
             died = supervisor.died or (code != 0 and not self._alive())
             if not died and self.runtime == "runsc" and (code == 128 or b"containerManager" in err):
@@ -436,10 +462,14 @@ class DockerWorkstation:
             LABEL_KIND: "snapshot-builder",
             LABEL_OWNER: _owner(),
         }
-        # The root is read-only, so the workspace is the whole state: base image + workspace.
+        # The root is read-only, so the workspace is the whole state: base image + workspace,
+        # and each service's data as an image of its own.
         builder = None
+        service_images: dict[str, str] = {}
         with translate(f"snapshot {self.name}"):
             try:
+                if self.spec.services:
+                    service_images = services.snapshot_all(self.name, self.spec, name, _owner())
                 builder = api.create_container(
                     self.base_image,
                     command=["true"],
@@ -468,6 +498,7 @@ class DockerWorkstation:
                     LABEL_RUNTIME: self.runtime,
                     LABEL_BASE: self.base_image,
                     LABEL_EPHEMERAL: "1" if ephemeral else "0",
+                    LABEL_SERVICES: json.dumps(service_images),
                 }
                 image_id = api.commit(
                     builder, repository=SNAPSHOT_REPOSITORY, tag=name, conf={"Labels": image_labels}
@@ -476,6 +507,11 @@ class DockerWorkstation:
                 # The image carries no values: starting from it copies them from here.
                 if self._secret_env:
                     state.save_env(state.directory("snapshots", image_id), self._secret_env)
+            except BaseException:
+                for image in service_images.values():
+                    with contextlib.suppress(errors.DockerException):
+                        api.remove_image(image, force=True)
+                raise
             finally:
                 if builder is not None:
                     with contextlib.suppress(errors.DockerException):
@@ -578,6 +614,18 @@ class DockerWorkstation:
 
     def __repr__(self) -> str:
         return f"<DockerWorkstation {self.name} {self.runtime} {self.id[:12]}>"
+
+
+def _usage(wall_ms: float, used: cgroup.Delta, termination: Termination) -> Usage:
+    cpu = (
+        None
+        if used.cpu_user_seconds is None or used.cpu_system_seconds is None
+        else (used.cpu_user_seconds + used.cpu_system_seconds) * 1000
+    )
+    oom = used.oom_events
+    if termination is Termination.OUT_OF_MEMORY:
+        oom = max(oom or 0, 1)  # gVisor's whole sandbox died, and its counters with it
+    return Usage(wall_ms=wall_ms, cpu_ms=cpu, **{**used._asdict(), "oom_events": oom})
 
 
 def _add_dir(tar: tarfile.TarFile, name: str, owner: tuple[int, int]) -> None:

@@ -1,0 +1,403 @@
+"""What a repository declares about its dependencies, read statically (no project code runs).
+
+Python: ``pyproject.toml`` (dependencies, the test extras and dependency groups),
+``requirements*.txt``, ``setup.cfg``, literal arguments of ``setup()`` in ``setup.py``, test
+deps of ``tox.ini`` and ``noxfile.py``; pins from ``uv.lock`` / ``poetry.lock``. Node:
+``package.json`` with ``package-lock.json`` or ``npm-shrinkwrap.json``.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import hashlib
+import re
+import tomllib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Req
+from packaging.utils import canonicalize_name
+
+from hybrid.deps.models import Declared, Requirement
+from hybrid.errors import InvalidInput
+from hybrid.paths import display
+
+_REQ_FILES = ("requirements*.txt", "requirements/*.txt", "*requirements*/*.txt")
+_SKIP_REQ = re.compile(r"(docs?|doc-|lint|typecheck|release|publish)", re.IGNORECASE)
+
+
+def detect(repo: Path, groups: Iterable[str] = ("test", "tests", "testing", "dev")) -> Declared:
+    """Everything ``repo`` declares; InvalidInput names the file and line of a malformed entry."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise InvalidInput(f"{display(repo)}: not a directory")
+    reader = _Reader(repo, [canonicalize_name(g) for g in groups])
+    reader.pyproject()
+    reader.setup_cfg()
+    reader.setup_py()
+    for pattern in _REQ_FILES:
+        for path in sorted(repo.glob(pattern)):
+            if not _SKIP_REQ.search(path.name):
+                reader.requirements_file(path)
+    reader.tox_ini()
+    reader.noxfile()
+    reader.uv_lock()
+    reader.poetry_lock()
+    reader.node()
+    return reader.result()
+
+
+class _Reader:
+    def __init__(self, repo: Path, groups: list[str]) -> None:
+        self.repo = repo
+        self.groups = groups
+        self.declared = Declared()
+        self.extras: dict[str, list[tuple[str, str]]] = {}  # the project's own extras
+        self.own: list[tuple[str, str]] = []  # the project's own dependencies
+        self.self_extras: set[str] = set()
+        self.wanted: list[tuple[str, str]] = []  # (spec, source) from test declarations
+        self.read: dict[str, bytes] = {}
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def _load(self, path: Path) -> str | None:
+        if not path.is_file():
+            return None
+        rel = path.relative_to(self.repo).as_posix()
+        if rel in self.read:
+            return None  # each file once (a -r cycle ends here)
+        data = path.read_bytes()
+        self.read[rel] = data
+        return data.decode("utf-8", errors="replace")
+
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self.repo).as_posix()
+
+    def pyproject(self) -> None:
+        path = self.repo / "pyproject.toml"
+        text = self._load(path)
+        if text is None:
+            return
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidInput(f"{display(path)}: not valid TOML: {exc}") from None
+        project = data.get("project") or {}
+        poetry = (data.get("tool") or {}).get("poetry") or {}
+        name = project.get("name") or poetry.get("name")
+        if isinstance(name, str):
+            self.declared.project = canonicalize_name(name)
+        for spec in _strings(project.get("dependencies")):
+            self.own.append((spec, "pyproject.toml"))
+        for extra, specs in (project.get("optional-dependencies") or {}).items():
+            self.extras[canonicalize_name(extra)] = [(s, "pyproject.toml") for s in _strings(specs)]
+        groups = data.get("dependency-groups") or {}
+        for group in groups:
+            if canonicalize_name(group) in self.groups:
+                for spec in self._group(groups, group, set()):
+                    self.wanted.append((spec, "pyproject.toml"))
+        # Poetry's tables: names only matter with poetry.lock, which pins them.
+        for table in (poetry.get("dependencies"), poetry.get("dev-dependencies")):
+            for dep in table or {}:
+                if dep.lower() != "python":
+                    self.wanted.append((dep, "pyproject.toml"))
+        for group, body in (poetry.get("group") or {}).items():
+            if canonicalize_name(group) in self.groups:
+                for dep in (body or {}).get("dependencies") or {}:
+                    self.wanted.append((dep, "pyproject.toml"))
+
+    def _group(self, groups: dict[str, Any], name: str, seen: set[str]) -> list[str]:
+        if name in seen:
+            return []
+        seen.add(name)
+        out: list[str] = []
+        for item in groups.get(name) or []:
+            if isinstance(item, str):
+                out.append(item)
+            elif isinstance(item, dict) and isinstance(item.get("include-group"), str):
+                out += self._group(groups, item["include-group"], seen)
+        return out
+
+    def setup_cfg(self) -> None:
+        text = self._load(self.repo / "setup.cfg")
+        if text is None:
+            return
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(text)
+        except configparser.Error as exc:
+            raise InvalidInput(f"{display(self.repo / 'setup.cfg')}: {exc}") from None
+        if parser.has_option("metadata", "name") and not self.declared.project:
+            self.declared.project = canonicalize_name(parser.get("metadata", "name"))
+        if parser.has_option("options", "install_requires"):
+            self.own += [
+                (s, "setup.cfg") for s in _lines(parser.get("options", "install_requires"))
+            ]
+        if parser.has_option("options", "tests_require"):
+            self.wanted += [
+                (s, "setup.cfg") for s in _lines(parser.get("options", "tests_require"))
+            ]
+        if parser.has_section("options.extras_require"):
+            for extra, value in parser.items("options.extras_require"):
+                self.extras[canonicalize_name(extra)] = [(s, "setup.cfg") for s in _lines(value)]
+
+    def setup_py(self) -> None:
+        # Literal arguments of setup() only: running setup.py would run the project's code here.
+        text = self._load(self.repo / "setup.py")
+        if text is None:
+            return
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return
+        names: dict[str, Any] = {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name):
+                    literal = _literal(node.value, {})
+                    if literal is not None:
+                        names[target.id] = literal
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "setup"):
+                continue
+            for keyword in call.keywords:
+                value = _literal(keyword.value, names)
+                if keyword.arg == "name" and isinstance(value, str) and not self.declared.project:
+                    self.declared.project = canonicalize_name(value)
+                elif keyword.arg == "install_requires":
+                    self.own += [(s, "setup.py") for s in _strings(value)]
+                elif keyword.arg == "tests_require":
+                    self.wanted += [(s, "setup.py") for s in _strings(value)]
+                elif keyword.arg == "extras_require" and isinstance(value, dict):
+                    for extra, specs in value.items():
+                        self.extras[canonicalize_name(str(extra))] = [
+                            (s, "setup.py") for s in _strings(specs)
+                        ]
+
+    def requirements_file(self, path: Path) -> None:
+        text = self._load(path)
+        if text is None:
+            return
+        rel = self._rel(path)
+        for number, line in enumerate(_joined(text), 1):
+            line = re.sub(r"(^|\s)#.*$", "", line).strip()
+            if not line:
+                continue
+            option, _, rest = line.partition(" ")
+            if option in ("-r", "--requirement", "-c", "--constraint"):
+                included = (path.parent / rest.strip()).resolve()
+                if included.is_relative_to(self.repo.resolve()):
+                    self.requirements_file(self.repo / included.relative_to(self.repo.resolve()))
+                continue
+            if option in ("-e", "--editable"):
+                line = rest.strip()
+            elif line.startswith("-"):
+                continue  # index and other options: the user's own pip configuration decides
+            if line.startswith((".", "/")) or "://" in line:
+                extras = re.search(r"\[([^\]]*)\]", line)
+                if line.split("[")[0].rstrip("/") in (".", "./"):
+                    self.self_extras.update(_extras(extras.group(1) if extras else ""))
+                continue
+            spec = line.split(" --hash", 1)[0].split(" \\", 1)[0].strip()
+            self._check(spec, f"{rel}:{number}")
+            self.wanted.append((spec, rel))
+            digests = re.findall(r"--hash[= ]sha256:([0-9a-fA-F]{64})", line)
+            if digests:
+                req = Req(spec)
+                pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+                if pins:
+                    key = f"{canonicalize_name(req.name)}=={pins[0]}"
+                    self.declared.hashes.setdefault(key, []).extend(d.lower() for d in digests)
+
+    def tox_ini(self) -> None:
+        path = self.repo / "tox.ini"
+        text = self._load(path)
+        if text is None:
+            return
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            parser.read_string(text)
+        except configparser.Error:
+            return
+        if not parser.has_option("testenv", "deps"):
+            return
+        for line in _lines(parser.get("testenv", "deps")):
+            if "{" in line:
+                continue  # a tox substitution: only tox knows its value
+            if line.startswith(("-r", "-c")):
+                self.requirements_file(self.repo / line[2:].strip().lstrip("="))
+            elif not line.startswith("-"):
+                self._check(line, "tox.ini")
+                self.wanted.append((line, "tox.ini"))
+
+    def noxfile(self) -> None:
+        text = self._load(self.repo / "noxfile.py")
+        if text is None:
+            return
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return
+        for node in ast.walk(tree):
+            func = getattr(node, "func", None)
+            if isinstance(node, ast.Call) and getattr(func, "attr", None) == "install":
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                        value = arg.value.strip()
+                        if value and not value.startswith(("-", ".")):
+                            with _ignore_invalid():
+                                Req(value)
+                                self.wanted.append((value, "noxfile.py"))
+
+    def uv_lock(self) -> None:
+        text = self._load(self.repo / "uv.lock")
+        if text is not None:
+            self._lock(text, "uv.lock", lambda p: [p.get("sdist") or {}, *(p.get("wheels") or [])])
+
+    def poetry_lock(self) -> None:
+        text = self._load(self.repo / "poetry.lock")
+        if text is not None:
+            self._lock(text, "poetry.lock", lambda p: p.get("files") or [])
+
+    def _lock(self, text: str, name: str, files: Any) -> None:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidInput(f"{display(self.repo / name)}: not valid TOML: {exc}") from None
+        for package in data.get("package") or []:
+            pkg, version = package.get("name"), package.get("version")
+            if not (isinstance(pkg, str) and isinstance(version, str)):
+                continue
+            pkg = canonicalize_name(pkg)
+            source = package.get("source") or {}
+            if pkg == self.declared.project or "editable" in source or "virtual" in source:
+                continue
+            self.declared.locked[pkg] = version
+            digests = [
+                str(f.get("hash", "")).removeprefix("sha256:").lower()
+                for f in files(package)
+                if str(f.get("hash", "")).startswith("sha256:")
+            ]
+            if digests:
+                self.declared.hashes[f"{pkg}=={version}"] = digests
+
+    def node(self) -> None:
+        for lock in ("npm-shrinkwrap.json", "package-lock.json"):
+            if (self.repo / "package.json").is_file() and (self.repo / lock).is_file():
+                self._load(self.repo / "package.json")
+                self._load(self.repo / lock)
+                self.declared.node = lock
+                return
+
+    # -- result ----------------------------------------------------------------------------------
+
+    def _check(self, spec: str, where: str) -> None:
+        try:
+            Req(spec)
+        except InvalidRequirement as exc:
+            raise InvalidInput(f"{where}: not a requirement: {spec!r} ({exc})") from None
+
+    def result(self) -> Declared:
+        declared = self.declared
+        project = declared.project
+        chosen: list[tuple[str, str]] = list(self.own)
+        extras = set(self.self_extras) | {g for g in self.groups if g in self.extras}
+        todo = list(self.wanted)
+        seen: set[tuple[str, str]] = set()
+        while todo:
+            spec, source = todo.pop(0)
+            try:
+                req = Req(spec)
+            except InvalidRequirement as exc:
+                raise InvalidInput(f"{source}: not a requirement: {spec!r} ({exc})") from None
+            if project and canonicalize_name(req.name) == project:
+                extras |= {canonicalize_name(e) for e in req.extras}
+                continue
+            if (spec, source) not in seen:
+                seen.add((spec, source))
+                chosen.append((spec, source))
+        for extra in sorted(extras):
+            for spec, source in self.extras.get(extra, []):
+                try:
+                    req = Req(spec)
+                except InvalidRequirement as exc:
+                    raise InvalidInput(f"{source}: not a requirement: {spec!r} ({exc})") from None
+                if project and canonicalize_name(req.name) == project:
+                    continue  # an extra that names the project again (all = [proj[a,b]])
+                chosen.append((spec, source))
+        for spec, source in chosen:
+            req = Req(spec)
+            name = canonicalize_name(req.name)
+            pins = [
+                s for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version
+            ]
+            declared.python.append(
+                Requirement(spec=spec, source=source, pinned=bool(pins) or name in declared.locked)
+            )
+        if project:
+            src = self.repo / "src"
+            declared.paths = ["src"] if src.is_dir() and any(src.glob("*/__init__.py")) else ["."]
+        declared.sources = sorted(self.read)
+        digest = hashlib.sha256()
+        for rel in sorted(self.read):
+            digest.update(rel.encode() + b"\0" + hashlib.sha256(self.read[rel]).digest())
+        digest.update(",".join(self.groups).encode())
+        declared.inputs = digest.hexdigest()
+        return declared
+
+
+class _ignore_invalid:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        return exc_type is not None and issubclass(exc_type, InvalidRequirement)
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return _lines(value)
+    if isinstance(value, list | tuple):
+        return [v.strip() for v in value if isinstance(v, str) and v.strip()]
+    return []
+
+
+def _lines(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if line:
+            out.append(line)
+    return out
+
+
+def _joined(text: str) -> list[str]:
+    # Backslash continuations (hash lists) joined; line numbers kept for the first line.
+    lines: list[str] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        lines.append(pending + line)
+        pending = ""
+    if pending:
+        lines.append(pending)
+    return lines
+
+
+def _extras(text: str) -> set[str]:
+    return {canonicalize_name(e) for e in text.split(",") if e.strip()}
+
+
+def _literal(node: ast.expr, names: dict[str, Any]) -> Any:
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None

@@ -1,0 +1,262 @@
+"""Resolve and download on the host, through the user's own pip and npm configuration.
+
+pip resolves for the workstation image's interpreter and platform (``--python-version``,
+``--platform``, ``--abi``), which pip allows only for wheels: nothing the project or its
+dependencies ship runs on the host. Index, find-links, certificates and constraints come from
+the user's pip configuration (no host name is written here). npm packs exactly the tarballs
+the project's lockfile names, with npm's own registry and CA settings, and their integrity
+is checked against the lockfile.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+
+from hybrid.deps import store
+from hybrid.deps.models import Artifact, Declared, Manifest, Target
+from hybrid.errors import DependencyError, PolicyViolation
+from hybrid.paths import cache_dir
+
+_FORMAT = "1"  # bump when what a lock records changes
+_OLDEST_GLIBC_MINOR = 5  # manylinux1
+
+
+def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = False) -> Manifest:
+    """The manifest of what ``declared`` resolves to for ``target``, downloaded into the store.
+
+    Kept per (inputs, target): an unchanged project is not resolved again (``refresh`` forces it).
+    """
+    key = hashlib.sha256(
+        f"{_FORMAT}\0{declared.inputs}\0{target.model_dump_json()}".encode()
+    ).hexdigest()
+    saved = cache_dir("deps", "locks") / f"{key}.json"
+    if saved.is_file() and not refresh:
+        with contextlib.suppress(ValueError):
+            manifest = Manifest.model_validate_json(saved.read_text())
+            # A pruned store downloads again; a changed file is admission's to refuse.
+            if all(store.path_of(a.sha256).is_file() for a in manifest.artifacts):
+                return manifest
+    artifacts = _python(declared, target) + _node(repo, declared)
+    manifest = Manifest(
+        project=declared.project,
+        target=target,
+        artifacts=sorted(artifacts, key=lambda a: (a.ecosystem, a.name, a.version)),
+        requirements=declared.python,
+        node_lockfile=declared.node,
+        paths=declared.paths,
+        inputs=declared.inputs,
+    )
+    tmp = saved.with_suffix(".tmp")
+    tmp.write_text(manifest.model_dump_json(indent=1))
+    os.replace(tmp, saved)
+    return manifest
+
+
+def platforms(target: Target) -> list[str]:
+    """Every wheel platform tag the image runs, newest first (pip does not expand manylinux_2_X)."""
+    arch = target.machine
+    tags: list[str] = []
+    if target.glibc:
+        major, _, minor = target.glibc.partition(".")
+        if major == "2" and minor.isdigit():
+            for m in range(int(minor), _OLDEST_GLIBC_MINOR - 1, -1):
+                tags.append(f"manylinux_2_{m}_{arch}")
+                legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}.get(m)
+                if legacy:
+                    tags.append(f"{legacy}_{arch}")
+    tags.append(f"linux_{arch}")
+    return tags
+
+
+def _python(declared: Declared, target: Target) -> list[Artifact]:
+    specs = list(dict.fromkeys(r.spec for r in declared.python))
+    if not specs:
+        return []
+    nodot = target.python.replace(".", "")
+    with tempfile.TemporaryDirectory(prefix="hybrid-deps-") as work:
+        out = Path(work) / "files"
+        out.mkdir()
+        (Path(work) / "requirements.txt").write_text("\n".join(specs) + "\n")
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--dest",
+            str(out),
+            "--only-binary=:all:",
+            "--python-version",
+            target.python,
+            "--implementation",
+            "cp",
+            "--abi",
+            f"cp{nodot}",
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+            "--progress-bar",
+            "off",
+            "--disable-pip-version-check",
+            "-r",
+            str(Path(work) / "requirements.txt"),
+        ]
+        for tag in platforms(target):
+            command += ["--platform", tag]
+        if declared.locked:
+            pins = "".join(f"{n}=={v}\n" for n, v in sorted(declared.locked.items()))
+            (Path(work) / "locked.txt").write_text(pins)
+            command += ["-c", str(Path(work) / "locked.txt")]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise DependencyError(
+                f"pip could not resolve the project's dependencies: {_why(done.stderr)}"
+            )
+        found = []
+        refused = []
+        for path in sorted(out.iterdir()):
+            name, version = _name_version(path.name)
+            digest, size = store.add(path)
+            allowed = declared.hashes.get(f"{name}=={version}")
+            if allowed and digest not in allowed:
+                refused.append(
+                    f"deps: {path.name}: sha256 {digest[:16]}... is not one the lockfile pins for "
+                    f"{name} {version}; refused"
+                )
+            found.append(
+                Artifact(
+                    ecosystem="python",
+                    name=name,
+                    version=version,
+                    filename=path.name,
+                    sha256=digest,
+                    size=size,
+                )
+            )
+        if refused:
+            raise PolicyViolation(refused)
+        return found
+
+
+def _name_version(filename: str) -> tuple[str, str]:
+    try:
+        name, version, _build, _tags = parse_wheel_filename(filename)
+        return str(name), str(version)
+    except InvalidWheelFilename:
+        pass
+    try:
+        name, version = parse_sdist_filename(filename)
+        return str(name), str(version)
+    except InvalidSdistFilename:
+        stem = filename.rsplit("-", 1)
+        return canonicalize_name(stem[0]), stem[-1]
+
+
+def _why(stderr: str) -> str:
+    lines = [
+        line.strip()
+        for line in stderr.splitlines()
+        if line.strip().startswith("ERROR") or "conflict is caused by" in line
+    ]
+    return " / ".join(lines[-3:]) or (stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def _node(repo: Path, declared: Declared) -> list[Artifact]:
+    """Every tarball the Node lockfile names, packed by npm and checked against its integrity."""
+    if not declared.node:
+        return []
+    npm = shutil.which("npm")
+    if npm is None:
+        raise DependencyError(
+            "the project has a Node lockfile but npm is not installed on this host"
+        )
+    lockfile = json.loads((repo / declared.node).read_text(encoding="utf-8"))
+    wanted: dict[str, tuple[str, str, str]] = {}  # spec -> (name, version, integrity)
+    for where, entry in (lockfile.get("packages") or {}).items():
+        if not where or entry.get("link") or entry.get("bundled") or entry.get("inBundle"):
+            continue
+        name = entry.get("name") or where.rsplit("node_modules/", 1)[-1]
+        version, integrity = entry.get("version"), entry.get("integrity", "")
+        if not isinstance(version, str):
+            continue
+        wanted[f"{name}@{version}"] = (name, version, integrity)
+    artifacts = [_store_text(repo, "package.json"), _store_text(repo, declared.node)]
+    if not wanted:
+        return artifacts
+    with tempfile.TemporaryDirectory(prefix="hybrid-npm-") as work:
+        done = subprocess.run(
+            [
+                npm,
+                "pack",
+                "--json",
+                "--ignore-scripts",
+                "--pack-destination",
+                work,
+                *sorted(wanted),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=work,
+        )
+        if done.returncode != 0:
+            raise DependencyError(
+                f"npm could not fetch the lockfile's packages: {_why(done.stderr)}"
+            )
+        refused = []
+        for row in json.loads(done.stdout):
+            spec = f"{row['name']}@{row['version']}"
+            name, version, integrity = wanted.get(spec, (row["name"], row["version"], ""))
+            path = Path(work) / row["filename"]
+            if integrity and not _integrity_ok(path, integrity):
+                refused.append(
+                    f"deps: {spec}: tarball does not match the lockfile's integrity; refused"
+                )
+                continue
+            digest, size = store.add(path)
+            artifacts.append(
+                Artifact(
+                    ecosystem="node",
+                    name=name,
+                    version=version,
+                    filename=row["filename"],
+                    sha256=digest,
+                    size=size,
+                )
+            )
+        if refused:
+            raise PolicyViolation(refused)
+    return artifacts
+
+
+def _store_text(repo: Path, rel: str) -> Artifact:
+    digest, size = store.add(repo / rel)
+    return Artifact(ecosystem="node", name=rel, version="", filename=rel, sha256=digest, size=size)
+
+
+def _integrity_ok(path: Path, integrity: str) -> bool:
+    data = path.read_bytes()
+    for item in integrity.split():
+        algo, _, value = item.partition("-")
+        if algo in ("sha512", "sha384", "sha256", "sha1"):
+            expected = base64.b64decode(value)
+            if hashlib.new(algo, data).digest() == expected:
+                return True
+    return False

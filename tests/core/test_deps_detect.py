@@ -1,0 +1,90 @@
+"""Dependency detection (static: no project code runs) and the workstation budget defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybrid.deps import detect
+from hybrid.errors import InvalidInput
+from hybrid.policy import WORKSTATION_BUDGET, Budget, SandboxSpec, for_workstation
+
+
+def test_pyproject_groups_extras_and_self_references(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "Demo_Pkg"\ndependencies = ["idna>=3"]\n'
+        '[project.optional-dependencies]\nsocks = ["PySocks>=1.5"]\ntest = ["pytest>=8"]\ndocs = ["sphinx"]\n'
+        '[dependency-groups]\ntest = ["demo-pkg[socks]", {include-group = "base"}]\nbase = ["trustme"]\n'
+        'lint = ["ruff"]\n'
+    )
+    (tmp_path / "src" / "demo_pkg").mkdir(parents=True)
+    (tmp_path / "src" / "demo_pkg" / "__init__.py").write_text("")
+    declared = detect(tmp_path)
+    specs = {r.spec for r in declared.python}
+    assert specs == {"idna>=3", "PySocks>=1.5", "pytest>=8", "trustme"}
+    assert declared.project == "demo-pkg"
+    assert declared.paths == ["src"]
+
+
+def test_requirements_includes_hashes_and_setup_py_never_runs(tmp_path: Path) -> None:
+    (tmp_path / "requirements-dev.txt").write_text(
+        "-r requirements/base.txt\n-e .[extra]\n--index-url http://ignored.invalid/simple\n"
+        "six==1.16.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+    )
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "base.txt").write_text("attrs>=22  # comment\n")
+    marker = tmp_path / "ran"
+    (tmp_path / "setup.py").write_text(
+        f"open({str(marker)!r}, 'w')\nfrom setuptools import setup\n"
+        "DEPS = ['click>=8']\nsetup(name='demo', install_requires=DEPS, extras_require={'extra': ['rich']})\n"
+    )
+    declared = detect(tmp_path)
+    assert not marker.exists()
+    specs = {r.spec: r.pinned for r in declared.python}
+    assert specs == {"click>=8": False, "rich": False, "attrs>=22": False, "six==1.16.0": True}
+    assert declared.hashes == {"six==1.16.0": ["a" * 64]}
+
+
+def test_uv_lock_pins_and_a_changed_file_changes_the_inputs(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "demo"\ndependencies = ["idna"]\n')
+    (tmp_path / "uv.lock").write_text(
+        '[[package]]\nname = "demo"\nversion = "0.1"\nsource = { editable = "." }\n'
+        '[[package]]\nname = "idna"\nversion = "3.7"\n'
+        'wheels = [{ url = "x", hash = "sha256:' + "b" * 64 + '" }]\n'
+    )
+    first = detect(tmp_path)
+    assert first.locked == {"idna": "3.7"}
+    assert first.hashes == {"idna==3.7": ["b" * 64]}
+    assert all(r.pinned for r in first.python)
+    (tmp_path / "uv.lock").write_text((tmp_path / "uv.lock").read_text().replace("3.7", "3.8"))
+    assert detect(tmp_path).inputs != first.inputs
+
+
+def test_a_malformed_requirement_names_its_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("ok==1\nnot a requirement!!\n")
+    with pytest.raises(InvalidInput, match=r"requirements.txt:2: not a requirement"):
+        detect(tmp_path)
+
+
+def test_workstation_budgets_fill_only_what_the_spec_leaves_unset() -> None:
+    filled = for_workstation(SandboxSpec(tier="docker"))
+    assert filled.budget.wall_seconds == WORKSTATION_BUDGET["wall_seconds"]
+    assert filled.budget.memory == WORKSTATION_BUDGET["memory"]
+    mine = SandboxSpec(tier="docker", budget=Budget(wall_seconds=5))
+    kept = for_workstation(mine)
+    assert kept.budget.wall_seconds == 5
+    assert kept.budget.memory == WORKSTATION_BUDGET["memory"]
+    # A policy file read back from TOML keeps what it says.
+    spec = SandboxSpec.from_dict({"tier": "docker", "budget": {"memory": "1G"}})
+    assert for_workstation(spec).budget.memory == 1024**3
+
+
+def test_a_deps_policy_round_trips_through_toml(tmp_path: Path) -> None:
+    spec = SandboxSpec.from_dict(
+        {"tier": "docker", "deps": {"deny": ["evil*"], "max_bytes": "500M", "require_pins": True}}
+    )
+    path = tmp_path / "p.toml"
+    path.write_text(spec.to_toml())
+    assert SandboxSpec.from_toml(path) == spec
+    assert "[deps]" not in SandboxSpec(tier="docker").to_toml()
