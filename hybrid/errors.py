@@ -73,6 +73,10 @@ class PolicyViolation(HybridError):
         self.violations = list(violations)
         super().__init__("policy refused: " + "; ".join(self.violations))
 
+    def __reduce__(self) -> tuple[type[PolicyViolation], tuple[list[str]]]:
+        # Sent to another process (a pool worker, a Ray node) it comes back whole.
+        return type(self), (self.violations,)
+
 
 class ExecutionError(HybridError):
     """A run ended abnormally; ``result`` is the full ExecutionResult when there is one."""
@@ -82,6 +86,9 @@ class ExecutionError(HybridError):
     def __init__(self, message: str, result: object | None = None) -> None:
         super().__init__(message)
         self.result = result
+
+    def __reduce__(self) -> tuple[type[ExecutionError], tuple[str, object | None]]:
+        return type(self), (self.message, self.result)
 
 
 class ExecTimeout(ExecutionError, TimeoutError):

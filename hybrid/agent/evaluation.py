@@ -10,10 +10,11 @@ nothing useful (0%), ``wrong-then-right`` fails once and then answers the canoni
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from math import comb
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -120,8 +121,10 @@ def evaluate(
     budget: LoopBudget | None = None,
     mode: Mode = "retry",
     progress: Callable[[str], None] | None = None,
+    ray: str | None = None,
 ) -> EvalResult:
-    """Run every problem ``samples`` times through the loop and score pass@k."""
+    """Run every problem ``samples`` times through the loop and score pass@k (``ray``: across
+    the Ray cluster at that address)."""
     spent = budget or LoopBudget(steps=3)
 
     def sample(problem: Problem, model: Model) -> tuple[RunReport, bool, str]:
@@ -129,8 +132,20 @@ def evaluate(
         return report, report.solved, report.stop.value
 
     return _score(
-        [(p.task_id, p) for p in problems], model_for, sample, samples, ks, progress, "solved"
+        [(p.task_id, p) for p in problems], model_for, sample, samples, ks, progress, "solved", ray
     )
+
+
+@dataclass(frozen=True)
+class _Sample(Generic[Item]):
+    """One loop run of one item: a job ``fan_out`` can send to a node as it is."""
+
+    sample: Callable[[Item, Model], tuple[RunReport, bool, str]]
+    item: Item
+    model: Model
+
+    def run(self) -> tuple[RunReport, bool, str]:
+        return self.sample(self.item, self.model)
 
 
 def _score(
@@ -141,23 +156,34 @@ def _score(
     ks: Sequence[int],
     progress: Callable[[str], None] | None,
     verb: str,
+    ray: str | None = None,
 ) -> EvalResult:
     """Run each item ``samples`` times (``sample`` says whether it passed and how it stopped)
-    and score pass@k, tokens, cost and the step each pass came at."""
+    and score pass@k, tokens, cost and the step each pass came at. With ``ray`` (a cluster
+    address) the runs spread across the cluster's nodes (hybrid.fanout); each gets its own
+    copy of its model."""
     say = progress or (lambda message: None)
     for k in ks:
         if k < 1 or k > samples:
             raise InvalidInput(f"pass@{k} needs 1 <= k <= samples ({samples})")
+    runs: list[_Sample[Item]] = []
+    for _, item in items:
+        runs += [_Sample(sample, item, model_for(item)) for _ in range(samples)]
+    if ray is not None:
+        from hybrid.fanout import fan_out
+
+        outcomes: Iterator[tuple[RunReport, bool, str]] = fan_out(runs, ray, chunk=1)
+    else:
+        outcomes = (run.run() for run in runs)
     results: list[ProblemResult] = []
     tokens, cost, name = 0, 0.0, ""
     by_step: dict[int, int] = {}
-    for item_id, item in items:
+    for index, (item_id, _) in enumerate(items):
         steps: list[int | None] = []
         stops: list[str] = []
-        for _ in range(samples):
-            model = model_for(item)
-            name = model.name
-            report, passed, stop = sample(item, model)
+        for run in runs[index * samples : (index + 1) * samples]:
+            name = run.model.name
+            report, passed, stop = next(outcomes)
             tokens += report.meter.usage.total
             cost += report.meter.cost_usd
             step = len(report.attempts) if passed else None
@@ -339,8 +365,12 @@ def evaluate_repo(
     budget: LoopBudget | None = None,
     mode: Mode = "retry",
     progress: Callable[[str], None] | None = None,
+    ray: str | None = None,
 ) -> EvalResult:
-    """Repository instances through the loop; solved means the gate said ready for review."""
+    """Repository instances through the loop; solved means the gate said ready for review.
+
+    With ``ray`` the runs spread across that Ray cluster; each node needs the instances'
+    checkouts at the same paths (a shared file system)."""
     import tempfile
 
     spent = budget or LoopBudget(steps=3)
@@ -360,4 +390,5 @@ def evaluate_repo(
         ks,
         progress,
         "ready for review",
+        ray,
     )

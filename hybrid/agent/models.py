@@ -149,9 +149,25 @@ class OpenAIModel:
         self.backoff = backoff
         self.prices = prices or Prices()
         self.temperature = temperature
+        self._api_key_env = api_key_env
+        self._base_url = base_url
         # The SDK's own retries are off: ours count them and keep the key out of every message.
         self._client = openai.OpenAI(api_key=key, base_url=base_url, timeout=timeout, max_retries=0)
         self._openai = openai
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent to another process (a Ray node) as its settings: the key is read there, from
+        # that machine's environment, and never travels.
+        settings = {
+            "base_url": self._base_url,
+            "api_key_env": self._api_key_env,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
+            "backoff": self.backoff,
+            "prices": self.prices,
+            "temperature": self.temperature,
+        }
+        return _rebuild_openai, (self.name, settings)
 
     def __repr__(self) -> str:
         return f"OpenAIModel(model={self.name!r}, base_url={self.base_url!r})"
@@ -214,6 +230,10 @@ class OpenAIModel:
         )
 
 
+def _rebuild_openai(name: str, settings: dict[str, Any]) -> OpenAIModel:
+    return OpenAIModel(name, **settings)
+
+
 def _retry_after(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value else None
@@ -241,6 +261,15 @@ class ScriptedModel:
         self._next = 0
         self._lock = threading.Lock()
         self.calls: list[list[Message]] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a copy in another process gets a lock of its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int | None = None) -> Completion:
         with self._lock:

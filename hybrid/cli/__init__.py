@@ -94,6 +94,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "serve",
         "The resident server that keeps run/check/py/map/context warm.",
     ),
+    "mcp": ("hybrid.cli.mcp", "mcp_cmd", "Serve the tools to agents over MCP (stdio or HTTP)."),
 }
 
 

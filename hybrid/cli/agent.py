@@ -333,6 +333,11 @@ def gate_cmd(
 @click.option("--pass-at", "ks", multiple=True, type=int, help="k of pass@k (repeatable).")
 @click.option("--steps", type=int, default=3, show_default=True, help="Loop steps per run.")
 @click.option("--quiet", "-q", is_flag=True, help="No live progress.")
+@click.option(
+    "--ray",
+    metavar="ADDRESS",
+    help="Spread the runs across the Ray cluster at ADDRESS (host:port).",
+)
 @json_option
 def eval_cmd(**o: Any) -> None:
     """Run PROBLEMS (JSONL) through the loop; unbiased pass@k.
@@ -374,6 +379,7 @@ def eval_cmd(**o: Any) -> None:
         ks=o["ks"] or (1,),
         budget=budget,
         progress=_progress(o["quiet"]),
+        ray=o["ray"],
     )
 
     def render() -> None:

@@ -123,6 +123,12 @@ FILE_SLOTS: dict[str, list[tuple[list[str], str]]] = {
         (["{}", "--repo", "{dir}", "--test", "true"], "file"),
         (["{diff}", "--repo", "{}", "--test", "true"], "dir"),
     ],
+    "mcp": [
+        (["--root", "{}"], "dir"),
+        (["--root", "{dir}", "--replay", "{}"], "file"),
+        (["--root", "{dir}", "--model-config", "{}"], "file"),
+        (["--root", "{dir}", "--answer", "{}"], "file"),
+    ],
     "eval": [
         (["{}", "--builtin", "oracle"], "file"),
         (["{json}", "--replay", "{}"], "file"),
@@ -160,6 +166,7 @@ BASE_ARGS: dict[str, list[str]] = {
     "run": ["--", "true"],
     "route": ["--", "true"],
     "ws up": [NAME],
+    "mcp": ["--root", "{dir}"],
     "deps lock": ["{dir}"],
     "deps admit": ["{dir}"],
 }
@@ -213,6 +220,9 @@ ARG_CASES = [
     ["map", "{dir}", "--tokens", "0"],
     ["run", "--tier", "mainframe", "--", "true"],
     ["run"],
+    ["mcp", "--root", "{dir}", "--idle", "0"],
+    ["mcp", "--root", "{dir}", "--transport", "http", "--host", "0.0.0.0"],
+    ["mcp", "--root", "/"],
 ]
 
 

@@ -1,0 +1,168 @@
+"""A Ray cluster of several node processes on this machine: for trying fan-out and for its tests.
+
+Node ``i`` is a real ``ray start`` node process (its own raylet, object store and workers)
+on the loopback address ``127.0.0.<i + 2>``: Ray turns 127.0.0.1 into the machine's own
+address, so each node gets another address of the loopback range and no traffic leaves it.
+``close()`` ends exactly the processes of this cluster (by the temp directory their command
+lines name, and their children), never another Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hybrid.errors import EngineUnavailable
+
+START_TIMEOUT = 180.0
+"""Seconds one ``ray start`` may take on a loaded machine."""
+
+
+def _free_port() -> int:
+    # The kernel's ephemeral range lies above Ray's worker port range (10002-19999).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        found[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmdline)
+    return found
+
+
+class LocalCluster:
+    """``nodes`` Ray node processes of ``cpus`` CPUs each; a context manager."""
+
+    def __init__(self, nodes: int = 2, cpus: int = 1, env: dict[str, str] | None = None) -> None:
+        self.nodes = nodes
+        self.cpus = cpus
+        self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="hybrid-ray-", dir="/tmp"))
+        self.port = _free_port()
+        self.address = f"{self.ip(0)}:{self.port}"
+
+    @staticmethod
+    def ip(node: int) -> str:
+        return f"127.0.0.{node + 2}"
+
+    def start(self) -> LocalCluster:
+        ray = [
+            sys.executable,
+            "-c",
+            "from ray.scripts.scripts import main; main()",
+            "start",
+            "--disable-usage-stats",
+        ]
+        try:
+            for node in range(self.nodes):
+                common = [
+                    f"--node-ip-address={self.ip(node)}",
+                    f"--num-cpus={self.cpus}",
+                    f"--resources={json.dumps({f'node{node}': 1})}",
+                ]
+                if node == 0:
+                    argv = [
+                        *ray,
+                        "--head",
+                        f"--port={self.port}",
+                        "--include-dashboard=false",
+                        f"--temp-dir={self.temp_dir}",
+                        *common,
+                    ]
+                else:
+                    argv = [*ray, f"--address={self.address}", *common]
+                done = subprocess.run(
+                    argv, env=self.env, capture_output=True, text=True, timeout=START_TIMEOUT
+                )
+                if done.returncode != 0:
+                    raise EngineUnavailable(
+                        f"ray start (node {node}) failed: {done.stderr.strip()[-500:]}"
+                    )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _tree(self, roots: set[int]) -> list[int]:
+        """``roots`` and all their descendants, children first."""
+        table = _processes()
+        children: dict[int, list[int]] = {}
+        for pid, (parent, _) in table.items():
+            children.setdefault(parent, []).append(pid)
+        order: list[int] = []
+        stack = list(roots)
+        while stack:
+            pid = stack.pop()
+            if pid in order:
+                continue
+            order.append(pid)
+            stack.extend(children.get(pid, []))
+        return order[::-1]
+
+    def _mine(self, marker: str = "") -> set[int]:
+        table = _processes()
+        return {
+            pid
+            for pid, (_, cmd) in table.items()
+            if str(self.temp_dir) in cmd and marker in cmd and pid != os.getpid()
+        }
+
+    def _raylets(self, node: int) -> set[int]:
+        table = _processes()
+        return {
+            pid
+            for pid in self._mine(f"--node_ip_address={self.ip(node)} ")
+            if table.get(pid, (0, ""))[1].split(" ", 1)[0].endswith("/raylet")
+        }
+
+    def running(self, node: int) -> list[str]:
+        """The tasks node ``node``'s workers are running now (their process titles, ``ray::f``)."""
+        table = _processes()
+        idle = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+        return [
+            table[pid][1].strip()
+            for pid in self._tree(self._raylets(node))
+            if pid in table
+            and table[pid][1].startswith("ray::")
+            and not table[pid][1].startswith(idle)
+        ]
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL node ``node`` (its raylet and every worker under it), as a crashed machine."""
+        raylets = self._raylets(node)
+        if not raylets:
+            raise EngineUnavailable(f"node {node} of the local cluster is not running")
+        for pid in self._tree(raylets):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """End every process of this cluster and remove its temp directory (idempotent)."""
+        for pid in self._tree(self._mine()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
