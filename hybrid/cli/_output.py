@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -77,6 +79,27 @@ def exit_code_for(result: ExecutionResult) -> int:
     if result.termination is Termination.NONZERO_EXIT and result.exit_code:
         return result.exit_code
     return 124 if result.termination is Termination.TIMEOUT else 125
+
+
+def live_output(kind: str, chunk: bytes) -> None:
+    """An ``on_output`` callback: a sandbox's output goes to our stdout or stderr as it comes."""
+    stream = sys.stdout if kind == "stdout" else sys.stderr
+    stream.buffer.write(chunk)
+    stream.flush()
+
+
+@contextmanager
+def reader_gone() -> Iterator[None]:
+    """Inside: a closed stdout (``| head -1``) ends the command quietly with SIGPIPE's status 141,
+    as a Unix tool would (the library stops the sandbox when its output callback raises)."""
+    try:
+        yield
+    except BrokenPipeError:
+        # Whatever is still buffered for the closed pipe would fail again at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise click.exceptions.Exit(141) from None
 
 
 class _StderrLog(logging.Handler):

@@ -6,9 +6,11 @@ matched), 2 bad input, 4 the sandboxed run ended abnormally (out of fuel, deadli
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -25,13 +27,33 @@ def check() -> None:
     """Built-in checks (csv, json, grep, redact, scope) in WebAssembly."""
 
 
-def _budget(
-    policy_file: Path | None, fuel: int | None, memory: str | None, timeout: float | None
-) -> Budget | None:
-    if policy_file is None and fuel is None and memory is None and timeout is None:
-        return None
-    default = SandboxSpec(tier="wasm")
-    return spec_from_options(policy_file, default, fuel=fuel, memory=memory, timeout=timeout).budget
+def _check_options(func: Callable[..., None]) -> Callable[..., None]:
+    """--policy, --fuel, --memory, --timeout, --allow-secret-path and --json for a check.
+
+    The command receives the budget they make as ``budget`` (None when none was given: the
+    module's defaults) and runs inside the secret-path scope --allow-secret-path asks for.
+    """
+
+    @functools.wraps(func)
+    def command(
+        *,
+        policy_file: Path | None,
+        fuel: int | None,
+        memory: str | None,
+        timeout: float | None,
+        allow_secret: bool,
+        **kwargs: Any,
+    ) -> None:
+        budget = None
+        if policy_file is not None or any(v is not None for v in (fuel, memory, timeout)):
+            default = SandboxSpec(tier="wasm")
+            budget = spec_from_options(
+                policy_file, default, fuel=fuel, memory=memory, timeout=timeout
+            ).budget
+        with secret_scope(allow_secret):
+            func(budget=budget, **kwargs)
+
+    return budget_options("fuel", "memory", "timeout")(secret_path_option(json_option(command)))
 
 
 def _data(path: str) -> checks.Data:
@@ -85,32 +107,25 @@ def _usage_line(report: checks.CheckReport) -> str:
 )
 @click.option("--delimiter", default=",", show_default=True, help="One character; 'tab' for tabs.")
 @click.option("--allow-empty", is_flag=True, help="Empty cells pass the type checks.")
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def csv_cmd(
     file: str,
     require: str | None,
     types_: str | None,
     delimiter: str,
     allow_empty: bool,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Check a CSV FILE (or - for stdin): header, required columns, types, first bad row."""
-    with secret_scope(allow_secret):
-        report = checks.check_csv(
-            _data(file),
-            require=_split(require),
-            types=_types(types_),
-            delimiter=delimiter,
-            allow_empty=allow_empty,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.check_csv(
+        _data(file),
+        require=_split(require),
+        types=_types(types_),
+        delimiter=delimiter,
+        allow_empty=allow_empty,
+        budget=budget,
+    )
 
     def render() -> None:
         click.echo(f"columns: {', '.join(report.columns) or '(none)'}")
@@ -136,28 +151,21 @@ def csv_cmd(
     help="A JSON schema (small subset) to validate against.",
 )
 @click.option("--max-errors", default=100, show_default=True, help="Failures to list.")
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def json_cmd(
     file: str,
     schema_file: Path | None,
     max_errors: int,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Parse a JSON FILE (or - for stdin) and validate it against --schema."""
-    with secret_scope(allow_secret):
-        report = checks.check_json(
-            _data(file),
-            schema=schema_file,
-            max_errors=max_errors,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.check_json(
+        _data(file),
+        schema=schema_file,
+        max_errors=max_errors,
+        budget=budget,
+    )
 
     def render() -> None:
         if report.syntax_error is not None:
@@ -192,9 +200,7 @@ def json_cmd(
     show_default=True,
     help="Stop after this many matching lines.",
 )
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def grep_cmd(
     pattern: str,
     directory: str,
@@ -202,24 +208,19 @@ def grep_cmd(
     ignore_case: bool,
     globs: tuple[str, ...],
     max_matches: int,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Search DIRECTORY (or one file) for PATTERN with a linear-time regex, read-only."""
-    with secret_scope(allow_secret):
-        report = checks.grep(
-            pattern,
-            directory,
-            ignore_case=ignore_case,
-            context=context,
-            max_matches=max_matches,
-            globs=globs,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.grep(
+        pattern,
+        directory,
+        ignore_case=ignore_case,
+        context=context,
+        max_matches=max_matches,
+        globs=globs,
+        budget=budget,
+    )
 
     def render() -> None:
         for m in report.matches:
@@ -273,32 +274,25 @@ def _skipped(report: checks.GrepReport) -> str:
 )
 @click.option("--no-entropy", is_flag=True, help="Do not scrub high-entropy tokens.")
 @click.option("--label", help="Source label put on the evidence marker.")
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def redact_cmd(
     file: str,
     literals: tuple[str, ...],
     max_bytes: int,
     no_entropy: bool,
     label: str | None,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Scrub secrets from FILE (default stdin), bound it and wrap it as untrusted evidence."""
-    with secret_scope(allow_secret):
-        report = checks.redact(
-            _data(file),
-            literals=literals,
-            max_bytes=max_bytes,
-            entropy=not no_entropy,
-            label=label,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.redact(
+        _data(file),
+        literals=literals,
+        max_bytes=max_bytes,
+        entropy=not no_entropy,
+        label=label,
+        budget=budget,
+    )
 
     def render() -> None:
         click.echo(report.text)
@@ -323,32 +317,25 @@ def redact_cmd(
     is_flag=True,
     help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).",
 )
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def scope_cmd(
     diff: str,
     allow: tuple[str, ...],
     deny: tuple[str, ...],
     allow_lockfiles: bool,
     no_default_deny: bool,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Decide whether the unified DIFF (a file, or - for stdin) is reviewable or blocked."""
-    with secret_scope(allow_secret):
-        report = checks.scope(
-            _data(diff),
-            allow=allow,
-            deny=deny,
-            allow_lockfiles=allow_lockfiles,
-            default_deny=not no_default_deny,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.scope(
+        _data(diff),
+        allow=allow,
+        deny=deny,
+        allow_lockfiles=allow_lockfiles,
+        default_deny=not no_default_deny,
+        budget=budget,
+    )
 
     def render() -> None:
         for f in report.files:

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hybrid.cli._output import emit, exit_code_for, json_option, render_result
+from hybrid.cli._options import name_values
+from hybrid.cli._output import (
+    emit,
+    exit_code_for,
+    json_option,
+    live_output,
+    reader_gone,
+    render_result,
+)
 from hybrid.cli.tiers import container_spec, sandbox_options
 from hybrid.errors import InvalidInput
 from hybrid.workstation.base import (
@@ -130,27 +138,17 @@ def exec_(
     as_json: bool,
 ) -> None:
     """Run a command in a workstation; its output streams live, its exit code is ours."""
-    variables = {}
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidInput(f"--env {item!r}: use NAME=VALUE")
-        variables[key] = value
+    variables = name_values(env, "--env")
     workstation = _backend().open(name)
-
-    def live(kind: str, chunk: bytes) -> None:
-        stream = sys.stdout if kind == "stdout" else sys.stderr
-        stream.buffer.write(chunk)
-        stream.flush()
-
     argv: str | list[str] = command[0] if len(command) == 1 and " " in command[0] else list(command)
-    result = workstation.exec(
-        argv,
-        timeout=timeout,
-        env=variables or None,
-        workdir=workdir,
-        on_output=None if as_json else live,
-    )
+    with reader_gone():
+        result = workstation.exec(
+            argv,
+            timeout=timeout,
+            env=variables or None,
+            workdir=workdir,
+            on_output=None if as_json else live_output,
+        )
     emit(result, as_json, lambda: render_result(result, streamed=True))
     raise click.exceptions.Exit(exit_code_for(result))
 
