@@ -162,22 +162,27 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    from hybrid.cli._output import log_to_stderr, usage_error_line
+    from hybrid.cli._output import emit_error, json_asked, log_to_stderr, usage_error_line
 
     log_to_stderr()
+    json_asked(reset=True)
     try:
         # Without standalone mode click returns the code of a click.exceptions.Exit instead of exiting.
         code = cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
     except HybridError as exc:
         click.echo(f"hybrid: error: {exc.message}", err=True)
+        emit_error(type(exc).__name__, exc.message, exc.exit_code)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort as exc:
         _interrupted(exc)
     except click.UsageError as exc:
-        click.echo(usage_error_line(exc), err=True)
+        line = usage_error_line(exc)
+        click.echo(line, err=True)
+        emit_error("UsageError", line.removeprefix("hybrid: error: "), exc.exit_code)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
+        emit_error(type(exc).__name__, exc.format_message(), exc.exit_code)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

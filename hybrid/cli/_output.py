@@ -15,7 +15,46 @@ from pydantic import BaseModel
 
 from hybrid.results import ExecutionResult, Termination
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+_json_asked = False
+
+
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    global _json_asked
+    _json_asked = _json_asked or value
+    return value
+
+
+# Eager, so the flag is known even when another option's value is what fails to parse.
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    is_eager=True,
+    callback=_note_json,
+    help="Print machine-readable JSON (errors too: {\"error\": {type, message, exit_code}}).",
+)
+
+
+def json_asked(reset: bool = False) -> bool:
+    """Whether the running command was given --json (``reset``: forget it, for a new command)."""
+    global _json_asked
+    asked = _json_asked
+    if reset:
+        _json_asked = False
+    return asked
+
+
+def emit_error(kind: str, message: str, exit_code: int) -> None:
+    """Under --json, an error as JSON on stdout too: ``{"error": {type, message, exit_code}}``."""
+    if not json_asked():
+        return
+    error = {"type": kind, "message": message, "exit_code": exit_code}
+    try:
+        json.dump({"error": error}, sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # stdout gone or closed: the stderr line remains
+        pass
 
 
 def to_jsonable(value: Any) -> Any:

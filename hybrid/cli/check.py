@@ -16,8 +16,8 @@ import click
 
 from hybrid import checks
 from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
-from hybrid.cli._output import emit, json_option
-from hybrid.errors import InvalidInput
+from hybrid.cli._output import emit, json_option, to_jsonable
+from hybrid.errors import ExecutionError, InvalidInput
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import Termination
 
@@ -83,11 +83,13 @@ def _finish(
     report: checks.CheckReport, as_json: bool, render: Callable[[], None], passed: bool
 ) -> None:
     if report.termination is not Termination.OK:
-        if as_json:
-            emit(report, as_json, render)  # the human view of a cut-short run would mislead
-        click.echo(
-            f"hybrid: error: check ended with {report.termination.value}: {report.detail}", err=True
-        )
+        try:
+            report.raise_for_termination()
+        except ExecutionError as exc:
+            if as_json:  # the report and the error; the human view of a cut-short run would mislead
+                error = {"type": type(exc).__name__, "message": exc.message, "exit_code": 4}
+                emit({**to_jsonable(report), "error": error}, True, render)
+            click.echo(f"hybrid: error: {exc.message}", err=True)
         raise click.exceptions.Exit(4)
     emit(report, as_json, render)
     if not passed:
