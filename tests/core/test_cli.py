@@ -87,6 +87,9 @@ def test_wasm_run_json(tmp_path: Path) -> None:
     assert payload["termination"] == "ok"
     assert payload["stdout"] == "hello\n"
     assert payload["tier"] == "wasm"
+    assert payload["ok"] is True  # a reader of the JSON need not re-derive it
+    wall = payload["usage"]["wall_ms"]
+    assert round(wall, 2) == wall, "times are rounded to 0.01 ms in JSON"
 
 
 def test_wasm_run_timeout_exit_code() -> None:

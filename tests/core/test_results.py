@@ -64,3 +64,16 @@ def test_raise_for_termination(termination: Termination, error: type[Exception])
         bad.raise_for_termination()
     assert info.value.result is bad  # type: ignore[attr-defined]
     assert result(Termination.OK).raise_for_termination().ok
+
+
+def test_json_carries_ok_and_rounded_times_and_loads_back() -> None:
+    failed = result(Termination.OK, tests=[TestOutcome(name="t", passed=False)])
+    failed.usage.wall_ms = 12.3456789
+    failed.usage.cpu_ms = 0.004
+    data = failed.model_dump(mode="json")
+    assert data["ok"] is False
+    assert data["usage"]["wall_ms"] == 12.35 and data["usage"]["cpu_ms"] == 0.0
+    assert failed.model_dump()["usage"]["wall_ms"] == 12.3456789  # full precision in process
+    loaded = ExecutionResult.model_validate_json(failed.model_dump_json())
+    assert loaded.ok is False and loaded.usage.wall_ms == 12.35
+    assert result(Termination.OK).model_dump(mode="json")["ok"] is True
