@@ -31,7 +31,7 @@ json_option = click.option(
     is_flag=True,
     is_eager=True,
     callback=_note_json,
-    help="Print machine-readable JSON (errors too: {\"error\": {type, message, exit_code}}).",
+    help='Print machine-readable JSON (errors too: {"error": {type, message, exit_code}}).',
 )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from hybrid.cli._output import (
     reader_gone,
     render_result,
 )
+from hybrid.cli._progress import status
 from hybrid.cli.tiers import container_spec, sandbox_options
 from hybrid.errors import InvalidInput
 from hybrid.workstation.base import (
@@ -72,19 +72,10 @@ def up(
     spec = container_spec(opts, tier)
     backend = _backend()
     text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
-    with _status(as_json, text):
+    with status(live=not as_json, text=text):
         made = _up(backend, name, repo, image, snapshot, gvisor, spec, opts)
     info = made.info()
     emit(info, as_json, lambda: click.echo(info.name))
-
-
-def _status(as_json: bool, text: str) -> Any:
-    """A spinner on stderr for long work (never in --json mode)."""
-    if as_json:
-        return contextlib.nullcontext()
-    from rich.console import Console
-
-    return Console(stderr=True).status(text, spinner="dots")
 
 
 def _up(
@@ -239,7 +230,7 @@ def diff(name: str, output: Path | None, as_json: bool) -> None:
 @json_option
 def snapshot(name: str, snapshot: str, as_json: bool) -> None:
     """Commit a workstation (files, installed packages) as SNAPSHOT; start from it with `ws up --from`."""
-    with _status(as_json, f"committing {name} as {snapshot}"):
+    with status(live=not as_json, text=f"committing {name} as {snapshot}"):
         info = snapshotting(_backend().open(name)).snapshot(snapshot)
     emit(info, as_json, lambda: click.echo(info.name))
 
@@ -250,7 +241,7 @@ def snapshot(name: str, snapshot: str, as_json: bool) -> None:
 @json_option
 def fork(name: str, count: int, as_json: bool) -> None:
     """Start COUNT copies of a workstation's current state, for parallel attempts."""
-    with _status(as_json, f"forking {name} into {count}"):
+    with status(live=not as_json, text=f"forking {name} into {count}"):
         forks = snapshotting(_backend().open(name)).fork(count)
     infos = [f.info() for f in forks]
     emit(infos, as_json, lambda: click.echo("\n".join(i.name for i in infos)))

@@ -230,3 +230,24 @@ def test_egress_reaches_only_the_allow_list(engine):
     api = client().api
     assert not api.containers(all=True, filters={"name": f"hybrid-{name}-proxy"})
     assert not api.networks(names=[f"hybrid-{name}-net"])
+
+
+def test_ws_up_shows_plain_progress_without_a_terminal(engine, hybrid_cli, monkeypatch, tmp_path):
+    """`ws up` with stderr on a pipe: a plain line while it starts, one when it is up."""
+    import hybrid.cli._progress
+
+    monkeypatch.setattr(hybrid.cli._progress, "DELAY", 0.0)
+    name = f"progress-{os.getpid()}"
+    (tmp_path / "a.txt").write_text("a\n")
+    code, out, err = hybrid_cli("ws", "up", name, "--repo", str(tmp_path), "--json")
+    try:
+        assert code == 0, err
+        assert json.loads(out)["name"] == name
+        lines = err.splitlines()
+        assert lines[0] == f"hybrid: starting a docker workstation with a copy of {tmp_path} ...", (
+            err
+        )
+        assert lines[-1].startswith("hybrid: starting a docker workstation"), err
+        assert ": done in " in lines[-1], err
+    finally:
+        engine.open(name).remove()
