@@ -124,7 +124,11 @@ def _fit(job: Job, tier: str) -> str | None:
 
 
 def route(job: Job, tier: TierChoice = "auto", available: Availability | None = None) -> Route:
-    """Pick the cheapest tier that honours ``job`` and is available; PolicyViolation if none."""
+    """Pick the cheapest tier that honours ``job`` and is available.
+
+    Raises EngineUnavailable when the tiers that would honour it are not available on this
+    host, PolicyViolation when no tier honours it at all.
+    """
     wanted = tier if tier != "auto" else job.spec.tier
     host = dict(available) if available is not None else availability()
     rejected: dict[str, str] = {}
@@ -148,6 +152,13 @@ def route(job: Job, tier: TierChoice = "auto", available: Availability | None = 
         if why.startswith("not available here"):
             raise EngineUnavailable(f"tier {wanted} is {why}")
         raise PolicyViolation([f"tier {wanted} cannot run this job: {why}"])
+    missing = {t: why for t, why in rejected.items() if why.startswith("not available here")}
+    if missing:
+        # The job fits a tier this host lacks: that is a missing engine, not a policy refusal.
+        listed = "; ".join(
+            f"{t}: {why.removeprefix('not available here: ')}" for t, why in missing.items()
+        )
+        raise EngineUnavailable(f"no tier that can run this job is available here ({listed})")
     reasons = set(rejected.values())
     if len(reasons) == 1:
         summary = reasons.pop()
