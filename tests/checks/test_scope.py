@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.checks import scope
-from hybrid.errors import InvalidDiff
+from hybrid.errors import InvalidDiff, InvalidInput
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git to make real diffs")
 
@@ -200,3 +200,22 @@ def test_format_patch_series_and_log_p(repo: Path) -> None:
             ("src/kept.txt", "renamed"),
             ("src/new.py", "added"),
         }
+
+
+def test_scope_and_json_take_a_path_keyword_and_refuse_a_file_name_as_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybrid.checks import check_json, redact, scope
+
+    monkeypatch.chdir(tmp_path)
+    Path("fix.diff").write_text("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    Path("doc.json").write_text('{"a": 1}\n')
+    with pytest.raises(InvalidInput, match="pass path='fix.diff'"):
+        scope("fix.diff")
+    assert [f.path for f in scope(path="fix.diff").files] == ["x.py"]
+    with pytest.raises(InvalidInput, match="pass path='doc.json'"):
+        check_json("doc.json")
+    assert check_json(path="doc.json").valid_json
+    # Redaction takes any text, a file name included; path= reads the file.
+    assert "fix.diff" in redact("fix.diff").text
+    assert "+b" in redact(path="fix.diff").text
