@@ -20,7 +20,7 @@ from hybrid.cli._output import (
 )
 from hybrid.cli._progress import status
 from hybrid.cli.tiers import container_spec, sandbox_options
-from hybrid.errors import InvalidInput
+from hybrid.errors import InvalidInput, PolicyViolation
 from hybrid.workstation.base import (
     Backend,
     Snapshots,
@@ -56,6 +56,13 @@ def ws() -> None:
     "--from", "snapshot", help="Snapshot to start from (its files and installed packages)."
 )
 @click.option("--gvisor", is_flag=True, help="Run under gVisor (runsc) instead of runc.")
+@click.option(
+    "--allow-env",
+    "allow_env",
+    multiple=True,
+    metavar="NAME",
+    help="Let `ws exec -e NAME=VALUE` set NAME (repeatable; adds it to env.allow).",
+)
 @sandbox_options
 @json_option
 def up(
@@ -64,12 +71,17 @@ def up(
     image: str | None,
     snapshot: str | None,
     gvisor: bool,
+    allow_env: tuple[str, ...],
     as_json: bool,
     **opts: Any,
 ) -> None:
     """Start a workstation (it stays until `ws down`)."""
     tier = "gvisor" if gvisor else "docker"
     spec = container_spec(opts, tier)
+    if allow_env:
+        allowed = [*spec.env.allow, *(n for n in allow_env if n not in spec.env.allow)]
+        spec = spec.model_copy(update={"env": spec.env.model_copy(update={"allow": allowed})})
+        opts["allow_env"] = allow_env
     backend = _backend()
     text = f"starting a {tier} workstation" + (f" with a copy of {repo}" if repo else "")
     with status(live=not as_json, text=text):
@@ -97,6 +109,7 @@ def _up(
             opts["policy_file"]
             or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus", "disk"))
             or opts["allow"]
+            or opts.get("allow_env")
             or gvisor
         )
         return snapshots_of(backend).start(
@@ -117,7 +130,7 @@ def _up(
     "-e",
     "env",
     multiple=True,
-    help="NAME=VALUE (the name must be on the policy's allow-list).",
+    help="NAME=VALUE (NAME must be allowed: `ws up --allow-env NAME` or env.allow).",
 )
 @json_option
 def exec_(
@@ -131,6 +144,15 @@ def exec_(
     """Run a command in a workstation; its output streams live, its exit code is ours."""
     variables = name_values(env, "--env")
     workstation = _backend().open(name)
+    refused = sorted(set(variables) - set(workstation.spec.env.allow))
+    if refused:
+        flags = " ".join(f"--allow-env {n}" for n in refused)
+        raise PolicyViolation(
+            [
+                f"env: {', '.join(refused)} not on {name}'s allow-list (env.allow); "
+                f"allow it when starting the workstation: hybrid ws up NAME {flags}"
+            ]
+        )
     argv: str | list[str] = command[0] if len(command) == 1 and " " in command[0] else list(command)
     with reader_gone():
         result = workstation.exec(
@@ -256,12 +278,11 @@ def ls(as_json: bool) -> None:
     snapshots = backend.snapshots() if isinstance(backend, Snapshots) else []
 
     def render() -> None:
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(title="workstations")
         for column in ("name", "tier", "status", "image", "kept", "from snapshot", "egress"):
-            table.add_column(column)
+            table.add_column(column, no_wrap=True)
         for w in workstations:
             table.add_row(
                 w.name,
@@ -272,17 +293,31 @@ def ls(as_json: bool) -> None:
                 w.snapshot_of or "",
                 "" if w.egress_events is None else f"{w.egress_events} requests",
             )
-        console = Console()
-        console.print(table)
+        tables = [table]
         if snapshots:
             snaps = Table(title="snapshots")
             for column in ("name", "source", "image", "created"):
-                snaps.add_column(column)
+                snaps.add_column(column, no_wrap=True)
             for s in snapshots:
                 snaps.add_row(s.name, s.source, s.image, s.created[:19])
-            console.print(snaps)
+            tables.append(snaps)
+        _print_whole(tables)
 
     emit({"workstations": workstations, "snapshots": snapshots}, as_json, render)
+
+
+def _print_whole(tables: list[Any]) -> None:
+    """Print rich tables at their natural width: names the next command needs are never cut or
+    folded to fit a narrow terminal or the 80 columns of a pipe (long lines wrap instead)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console()
+    unbounded = console.options.update_width(100_000)
+    width = max(Measurement.get(console, unbounded, t).maximum for t in tables)
+    wide = Console(width=max(console.width, width))
+    for table in tables:
+        wide.print(table)
 
 
 @ws.command("egress")

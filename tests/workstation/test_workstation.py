@@ -251,3 +251,30 @@ def test_ws_up_shows_plain_progress_without_a_terminal(engine, hybrid_cli, monke
         assert ": done in " in lines[-1], err
     finally:
         engine.open(name).remove()
+
+
+def test_ws_allow_env_and_ls_keeps_whole_names(engine, tmp_path):
+    """`ws up --allow-env FOO` lets `ws exec -e FOO=bar` set it (others are refused with the way
+    out); `ws ls` prints a long name whole, even on a narrow, non-terminal output."""
+    name = (f"allow-env-{os.getpid()}-" + "n" * 63)[:63]  # the longest name there is
+    up = _hybrid("ws", "up", name, "--allow-env", "FOO")
+    try:
+        assert up.returncode == 0, up.stderr
+        ran = _hybrid("ws", "exec", name, "-e", "FOO=bar", "--", "sh", "-c", 'echo "$FOO"')
+        assert ran.returncode == 0 and ran.stdout == "bar\n", ran.stderr
+        refused = _hybrid("ws", "exec", name, "-e", "BAR=1", "--", "true")
+        assert refused.returncode == 3, refused.stderr
+        assert "hybrid ws up NAME --allow-env BAR" in refused.stderr
+        assert len(refused.stderr.splitlines()) == 1
+        listed = subprocess.run(
+            [sys.executable, "-m", "hybrid", "ws", "ls"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "60"},
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert name in listed.stdout, listed.stdout
+        assert "…" not in listed.stdout, "nothing is cut to fit the width"
+    finally:
+        _hybrid("ws", "down", name)
