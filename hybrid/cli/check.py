@@ -18,6 +18,7 @@ from hybrid import checks
 from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
 from hybrid.cli._output import emit, json_option, to_jsonable
 from hybrid.errors import ExecutionError, InvalidInput
+from hybrid.paths import display
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import Termination
 
@@ -184,7 +185,7 @@ def json_cmd(
 
 @check.command("grep")
 @click.argument("pattern")
-@click.argument("directory", default=".")
+@click.argument("directory", required=False)
 @click.option(
     "-C", "--context", default=0, show_default=True, help="Lines of context around each match."
 )
@@ -205,7 +206,7 @@ def json_cmd(
 @_check_options
 def grep_cmd(
     pattern: str,
-    directory: str,
+    directory: str | None,
     context: int,
     ignore_case: bool,
     globs: tuple[str, ...],
@@ -213,10 +214,14 @@ def grep_cmd(
     budget: Budget | None,
     as_json: bool,
 ) -> None:
-    """Search DIRECTORY (or one file) for PATTERN with a linear-time regex, read-only."""
+    """Search DIRECTORY (default .) or one file for PATTERN with a linear-time regex, read-only.
+
+    Paths print as given: under DIRECTORY as it was written (none: relative to .), a file by
+    the name it was given. --json keeps the report's paths, relative to what was searched.
+    """
     report = checks.grep(
         pattern,
-        directory,
+        directory or ".",
         ignore_case=ignore_case,
         context=context,
         max_matches=max_matches,
@@ -224,14 +229,22 @@ def grep_cmd(
         budget=budget,
     )
 
+    def shown(path: str) -> str:
+        if directory is None:
+            return path
+        if not Path(directory).is_dir():
+            return display(directory)
+        return display(directory) + ("" if directory.endswith("/") else "/") + path
+
     def render() -> None:
         for m in report.matches:
+            path = shown(m.path)
             first = m.line - len(m.before)
             for offset, line in enumerate(m.before):
-                click.echo(f"{m.path}-{first + offset}-{line}")
-            click.echo(f"{m.path}:{m.line}:{m.column}:{m.text}")
+                click.echo(f"{path}-{first + offset}-{line}")
+            click.echo(f"{path}:{m.line}:{m.column}:{m.text}")
             for offset, line in enumerate(m.after):
-                click.echo(f"{m.path}-{m.line + 1 + offset}-{line}")
+                click.echo(f"{path}-{m.line + 1 + offset}-{line}")
             if context:
                 click.echo("--")
         more = " (stopped at --max)" if report.truncated else ""
