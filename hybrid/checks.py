@@ -189,7 +189,9 @@ class ScopeViolation(_Model):
 class ScopeReport(CheckReport):
     """Result of ``scope``."""
 
-    decision: Literal["reviewable", "blocked"] = "blocked"
+    decision: Literal["reviewable", "blocked", "empty"] = Field(
+        "blocked", description="empty: the diff changes nothing (only with empty_ok=True)."
+    )
     files: list[TouchedFile] = Field(default_factory=list)
     violations: list[ScopeViolation] = Field(default_factory=list)
     additions: int = 0
@@ -412,11 +414,14 @@ def scope(
     deny: Sequence[str] = (),
     allow_lockfiles: bool = False,
     default_deny: bool = True,
+    empty_ok: bool = False,
     budget: Budget | None = None,
 ) -> ScopeReport:
     """Parse a unified diff, list the touched paths and decide reviewable or blocked.
 
-    ``diff`` is the diff itself; ``path`` names a file holding it (give one).
+    ``diff`` is the diff itself; ``path`` names a file holding it (give one). An empty diff
+    (whitespace only) raises InvalidDiff, unless ``empty_ok``: then it is ``decision="empty"``,
+    ``ok`` (nothing to review), and no module runs.
     """
     request = {
         "allow": list(allow),
@@ -424,7 +429,13 @@ def scope(
         "allow_lockfiles": allow_lockfiles,
         "default_deny": default_deny,
     }
-    return _run("scope", ScopeReport, request, stdin=_stdin(diff, path, "diff"), budget=budget)
+    stdin = _stdin(diff, path, "diff")
+    if empty_ok:
+        raw = stdin if isinstance(stdin, bytes) else read_input(stdin, "diff")
+        if not raw.strip():
+            return ScopeReport(ok=True, decision="empty", usage=Usage(wall_ms=0.0))
+        stdin = raw
+    return _run("scope", ScopeReport, request, stdin=stdin, budget=budget)
 
 
 __all__ = [

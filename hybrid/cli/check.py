@@ -349,8 +349,12 @@ def scope_cmd(
         deny=deny,
         allow_lockfiles=allow_lockfiles,
         default_deny=not no_default_deny,
+        empty_ok=True,
         budget=budget,
     )
+    if report.decision == "empty":
+        # `git diff | hybrid check scope -` on a clean tree: nothing to review is not bad input.
+        click.echo("hybrid: note: empty diff: nothing to review", err=True)
 
     def render() -> None:
         for f in report.files:
@@ -359,6 +363,7 @@ def scope_cmd(
             click.echo(f"{f.status:<9} {name}  +{f.additions} -{f.deletions}{binary}")
         for v in report.violations:
             click.echo(f"violation: {v.path}: {v.rule}" + (f" ({v.pattern})" if v.pattern else ""))
-        click.echo(f"{report.decision} {_usage_line(report)}")
+        if report.decision != "empty":
+            click.echo(f"{report.decision} {_usage_line(report)}")
 
     _finish(report, as_json, render, report.ok)

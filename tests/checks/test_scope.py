@@ -170,6 +170,23 @@ def test_malformed_diff_cli_is_one_line(hybrid_cli) -> None:
     assert err.count("\n") == 1 and err.startswith("hybrid: error: malformed diff at line 3")
 
 
+def test_an_empty_diff_is_nothing_to_review(repo: Path, hybrid_cli) -> None:
+    """`git diff | hybrid check scope -` on a clean tree: exit 0 and a note, not bad input."""
+    clean = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, check=True).stdout
+    assert clean == b""
+    for stdin in (clean, b"\n  \n"):
+        code, out, err = hybrid_cli("check", "scope", "-", stdin=stdin)
+        assert code == 0 and out == "", (code, out, err)
+        assert err == "hybrid: note: empty diff: nothing to review\n"
+        code, out, err = hybrid_cli("check", "scope", "-", "--json", stdin=stdin)
+        report = json.loads(out)
+        assert code == 0 and report["decision"] == "empty" and report["ok"] is True
+    # The library keeps refusing it unless asked: a gate must never pass an empty patch.
+    with pytest.raises(InvalidDiff, match="empty diff"):
+        scope("")
+    assert scope("", empty_ok=True).decision == "empty"
+
+
 def test_quoted_and_unicode_paths(repo: Path) -> None:
     (repo / "src" / "ünï cödé.txt").write_text("x\n")
     (repo / "src" / 'quo"te.txt').write_text("y\n")
