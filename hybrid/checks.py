@@ -16,6 +16,7 @@ refused with a pointer to ``path=`` rather than checked as a one-line CSV.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -40,6 +41,7 @@ from hybrid.results import Termination, Usage
 from hybrid.wasm import builtins
 from hybrid.wasm.runtime import run
 
+log = logging.getLogger(__name__)
 Data = str | bytes | os.PathLike[str]
 R = TypeVar("R", bound="CheckReport")
 
@@ -263,6 +265,13 @@ def _run(
         stdin=stdin,
         spec=_spec(budget, mounts),
         program=name,
+    )
+    log.debug(
+        "check %s: %s in %.2f ms, fuel %s",
+        name,
+        result.termination.value,
+        result.usage.wall_ms,
+        result.usage.fuel_used,
     )
     if result.termination is not Termination.OK and result.exit_code != 2:
         return report(

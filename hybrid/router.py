@@ -13,6 +13,7 @@ it; the runtimes are imported lazily, so the router works on builds (and hosts) 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,8 @@ from hybrid import tiers
 from hybrid.errors import EngineUnavailable, PolicyViolation
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult
+
+log = logging.getLogger(__name__)
 
 TierChoice = str
 """``auto`` or a registered tier's name (hybrid.tiers.names())."""
@@ -183,5 +186,12 @@ def run(
 ) -> ExecutionResult:
     """Route ``job`` and run it there; every tier returns the same ExecutionResult."""
     chosen = route(job, tier, available)
+    log.info("routed to %s: %s", chosen.tier, "; ".join(chosen.reasons))
+    for name, why in chosen.rejected.items():
+        log.debug("not %s: %s", name, why)
     spec = job.spec.model_copy(update={"tier": chosen.tier})
-    return tiers.get(chosen.tier).run(job, spec, on_output)
+    result = tiers.get(chosen.tier).run(job, spec, on_output)
+    log.info(
+        "%s run ended %s in %.1f ms", chosen.tier, result.termination.value, result.usage.wall_ms
+    )
+    return result

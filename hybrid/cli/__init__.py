@@ -7,6 +7,7 @@ Docker SDK or tree-sitter.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -103,9 +104,23 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="hybrid")
-def cli() -> None:
-    """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
+@click.version_option(None, "-V", "--version", package_name="hybrid")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Log what the library does on stderr (-vv: more detail).",
+)
+def cli(verbose: int) -> None:
+    """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents.
+
+    Shell completion: eval "$(_HYBRID_COMPLETE=bash_source hybrid)" in ~/.bashrc
+    (zsh_source in ~/.zshrc; fish: _HYBRID_COMPLETE=fish_source hybrid | source).
+    """
+    if verbose:
+        from hybrid.cli._output import log_to_stderr
+
+        log_to_stderr(logging.INFO if verbose == 1 else logging.DEBUG)
 
 
 class Terminated(KeyboardInterrupt):

@@ -148,11 +148,20 @@ class _StderrLog(logging.Handler):
         click.echo(f"hybrid: {record.levelname.lower()}: {record.getMessage()}", err=True)
 
 
-def log_to_stderr() -> None:
-    """Route the ``hybrid`` loggers' warnings to stderr (the console entry point calls this once)."""
+def log_to_stderr(level: int = logging.WARNING) -> None:
+    """Route the ``hybrid`` loggers' records at ``level`` and above to stderr.
+
+    The console entry point calls this with warnings; ``--verbose`` lowers the level. The
+    library itself attaches no handlers: an embedding program decides where its logs go.
+    """
     logger = logging.getLogger("hybrid")
-    if not any(isinstance(h, _StderrLog) for h in logger.handlers):
-        logger.addHandler(_StderrLog(logging.WARNING))
+    handler = next((h for h in logger.handlers if isinstance(h, _StderrLog)), None)
+    if handler is None:
+        handler = _StderrLog(level)
+        logger.addHandler(handler)
+    handler.setLevel(level)
+    if logger.getEffectiveLevel() > level or logger.level > level:
+        logger.setLevel(level)
 
 
 def usage_error_line(exc: click.UsageError) -> str:
