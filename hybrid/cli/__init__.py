@@ -32,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "ws",
         "Workstations: hardened Docker/gVisor sandboxes holding a repository copy.",
     ),
+    "engine": (
+        "hybrid.cli.engine",
+        "engine",
+        "Install and start the Docker engine with gVisor, and the base image (root).",
+    ),
     "image": (
         "hybrid.cli.image",
         "image",
