@@ -7,13 +7,16 @@ abnormally (out of fuel, past its deadline, out of memory) is not an exception: 
 so with ``ok=False`` and its ``termination``; ``report.raise_for_termination()`` turns it into the
 matching ExecutionError.
 
-Data arguments take a ``pathlib.Path`` (or any ``os.PathLike``) to read a file, or ``str``/``bytes``
-holding the data itself.
+The data a check reads is given one of two ways, never guessed: ``path=`` names a file to read
+(``str`` or ``os.PathLike``); the positional argument holds the data itself (``str`` or
+``bytes``; a ``pathlib.Path`` there is read as a file too). ``check_csv("rates.csv")`` is
+refused with a pointer to ``path=`` rather than checked as a one-line CSV.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -38,6 +41,7 @@ from hybrid.results import Termination, Usage
 from hybrid.wasm import builtins
 from hybrid.wasm.runtime import run
 
+log = logging.getLogger(__name__)
 Data = str | bytes | os.PathLike[str]
 R = TypeVar("R", bound="CheckReport")
 
@@ -187,7 +191,9 @@ class ScopeViolation(_Model):
 class ScopeReport(CheckReport):
     """Result of ``scope``."""
 
-    decision: Literal["reviewable", "blocked"] = "blocked"
+    decision: Literal["reviewable", "blocked", "empty"] = Field(
+        "blocked", description="empty: the diff changes nothing (only with empty_ok=True)."
+    )
     files: list[TouchedFile] = Field(default_factory=list)
     violations: list[ScopeViolation] = Field(default_factory=list)
     additions: int = 0
@@ -211,7 +217,20 @@ def _utf8_name(path: Path) -> bool:
     return True
 
 
-def _stdin(data: Data) -> bytes | Path:
+def _stdin(
+    data: Data | None, path: str | os.PathLike[str] | None, what: str, name_guard: bool = True
+) -> bytes | Path:
+    """The module's stdin: the data itself, or the file it names (see the module docstring)."""
+    if (data is None) == (path is None):
+        raise InvalidInput(f"give the {what} either as data or as path=, not both or neither")
+    if path is not None:
+        data = Path(path)
+    elif isinstance(data, str) and name_guard and "\n" not in data and _names_a_file(data):
+        raise InvalidInput(
+            f"{display(data)!r} is the name of a file, not {what} text: "
+            f"pass path={display(data)!r} to read it"
+        )
+    assert data is not None
     if isinstance(data, str | bytes):
         return data.encode() if isinstance(data, str) else data
     path = Path(data)
@@ -222,6 +241,13 @@ def _stdin(data: Data) -> bytes | Path:
         return read_input(path, "input file")  # WASI names are UTF-8: hand over the bytes
     check_input_path(path)
     return path
+
+
+def _names_a_file(text: str) -> bool:
+    try:
+        return 0 < len(text) < 4096 and Path(text).is_file()
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        return False
 
 
 def _run(
@@ -239,6 +265,13 @@ def _run(
         stdin=stdin,
         spec=_spec(budget, mounts),
         program=name,
+    )
+    log.debug(
+        "check %s: %s in %.2f ms, fuel %s",
+        name,
+        result.termination.value,
+        result.usage.wall_ms,
+        result.usage.fuel_used,
     )
     if result.termination is not Termination.OK and result.exit_code != 2:
         return report(
@@ -258,36 +291,44 @@ def _run(
 
 
 def check_csv(
-    data: Data,
+    data: Data | None = None,
     *,
+    path: str | os.PathLike[str] | None = None,
     require: Sequence[str] = (),
     types: Mapping[str, str] | None = None,
     delimiter: str = ",",
     allow_empty: bool = False,
     budget: Budget | None = None,
 ) -> CsvReport:
-    """Check a CSV: required columns, column types (int, float, bool, date, string), row count, first bad row."""
+    """Check a CSV: required columns, column types (int, float, bool, date, string), row count, first bad row.
+
+    ``data`` is the CSV itself; ``path`` names a file holding it (give one).
+    """
     request = {
         "require": list(require),
         "types": dict(types or {}),
         "delimiter": delimiter,
         "allow_empty": allow_empty,
     }
-    return _run("csv", CsvReport, request, stdin=_stdin(data), budget=budget)
+    return _run("csv", CsvReport, request, stdin=_stdin(data, path, "CSV"), budget=budget)
 
 
 def check_json(
-    document: Data,
+    document: Data | None = None,
     *,
+    path: str | os.PathLike[str] | None = None,
     schema: Mapping[str, Any] | os.PathLike[str] | None = None,
     max_errors: int = 100,
     budget: Budget | None = None,
 ) -> JsonReport:
-    """Parse a JSON document and validate it against a small schema; failures carry their JSON path."""
+    """Parse a JSON document and validate it against a small schema; failures carry their JSON path.
+
+    ``document`` is the JSON itself; ``path`` names a file holding it (give one).
+    """
     if schema is not None and not isinstance(schema, Mapping):
         schema = _load_schema(Path(schema))
     request = {"schema": dict(schema) if schema is not None else None, "max_errors": max_errors}
-    return _run("json", JsonReport, request, stdin=_stdin(document), budget=budget)
+    return _run("json", JsonReport, request, stdin=_stdin(document, path, "JSON"), budget=budget)
 
 
 def _load_schema(path: Path) -> dict[str, Any]:
@@ -350,41 +391,60 @@ def grep(
 
 
 def redact(
-    text: Data,
+    text: Data | None = None,
     *,
+    path: str | os.PathLike[str] | None = None,
     literals: Sequence[str] = (),
     max_bytes: int = 32 * 1024,
     entropy: bool = True,
     label: str | None = None,
     budget: Budget | None = None,
 ) -> RedactReport:
-    """Scrub secrets, bound the length and wrap the text in ``<untrusted-evidence>`` markers."""
+    """Scrub secrets, bound the length and wrap the text in ``<untrusted-evidence>`` markers.
+
+    ``text`` is the text itself; ``path`` names a file holding it (give one).
+    """
     request = {
         "literals": list(literals),
         "max_bytes": max_bytes,
         "entropy": entropy,
         "label": label,
     }
-    return _run("redact", RedactReport, request, stdin=_stdin(text), budget=budget)
+    # Any text may be redacted, a file name too: no guard against one.
+    stdin = _stdin(text, path, "text", name_guard=False)
+    return _run("redact", RedactReport, request, stdin=stdin, budget=budget)
 
 
 def scope(
-    diff: Data,
+    diff: Data | None = None,
     *,
+    path: str | os.PathLike[str] | None = None,
     allow: Sequence[str] = (),
     deny: Sequence[str] = (),
     allow_lockfiles: bool = False,
     default_deny: bool = True,
+    empty_ok: bool = False,
     budget: Budget | None = None,
 ) -> ScopeReport:
-    """Parse a unified diff, list the touched paths and decide reviewable or blocked."""
+    """Parse a unified diff, list the touched paths and decide reviewable or blocked.
+
+    ``diff`` is the diff itself; ``path`` names a file holding it (give one). An empty diff
+    (whitespace only) raises InvalidDiff, unless ``empty_ok``: then it is ``decision="empty"``,
+    ``ok`` (nothing to review), and no module runs.
+    """
     request = {
         "allow": list(allow),
         "deny": list(deny),
         "allow_lockfiles": allow_lockfiles,
         "default_deny": default_deny,
     }
-    return _run("scope", ScopeReport, request, stdin=_stdin(diff), budget=budget)
+    stdin = _stdin(diff, path, "diff")
+    if empty_ok:
+        raw = stdin if isinstance(stdin, bytes) else read_input(stdin, "diff")
+        if not raw.strip():
+            return ScopeReport(ok=True, decision="empty", usage=Usage(wall_ms=0.0))
+        stdin = raw
+    return _run("scope", ScopeReport, request, stdin=stdin, budget=budget)
 
 
 __all__ = [

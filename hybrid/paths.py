@@ -93,6 +93,16 @@ def read_input(path: Path, what: str = "file", error: type[InvalidInput] = Inval
             raise error(f"{display(path)}: cannot read: {exc.strerror}") from None
 
 
+def read_text_input(
+    path: Path, what: str = "file", error: type[InvalidInput] = InvalidInput
+) -> str:
+    """Read a UTF-8 text file the user named (see open_input); other bytes raise one ``error`` line."""
+    try:
+        return read_input(path, what, error).decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {display(path)}: not UTF-8 text") from None
+
+
 def display(path: str | os.PathLike[str]) -> str:
     """A path for a one-line message: bytes that are not UTF-8 shown as escapes, never a crash."""
     text = os.fspath(path)

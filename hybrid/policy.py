@@ -34,7 +34,7 @@ from pydantic_core import PydanticCustomError
 
 from hybrid import tiers
 from hybrid.errors import PolicyError, PolicyViolation
-from hybrid.paths import cache_root, display, read_input, state_root
+from hybrid.paths import cache_root, display, read_text_input, state_root
 from hybrid.tiers.base import TierLimits as TierLimits  # re-exported
 from hybrid.tiers.wasm import WASM_DISK_MAX as WASM_DISK_MAX  # re-exported
 
@@ -319,11 +319,9 @@ class SandboxSpec(_Strict):
     def from_toml(cls, path: str | Path) -> SandboxSpec:
         """Load a spec from a TOML file; any problem raises PolicyError with the field at fault."""
         path = Path(path)
-        raw = read_input(path, "policy file", PolicyError)
+        text = read_text_input(path, "policy file", PolicyError)
         try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise PolicyError(f"{path}: not UTF-8 text") from None
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise PolicyError(f"{path}: not valid TOML: {exc}") from None
         return cls.from_dict(data, source=str(path))

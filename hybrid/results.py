@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_field, model_validator
 
 from hybrid.errors import DiskLimit, ExecTimeout, ExecutionError, OutOfFuel, OutOfMemory
+
+Millis = Annotated[float, PlainSerializer(lambda ms: round(ms, 2), when_used="json")]
+"""Milliseconds: full precision in process, rounded to 0.01 ms in JSON (more is noise)."""
 
 
 class Termination(StrEnum):
@@ -28,10 +32,10 @@ class Termination(StrEnum):
 class Usage(BaseModel):
     """Resources a run consumed, where the tier can measure them."""
 
-    wall_ms: float = Field(description="Wall-clock time of the run itself, in milliseconds.")
+    wall_ms: Millis = Field(description="Wall-clock time of the run itself, in milliseconds.")
     fuel_used: int | None = Field(None, description="WebAssembly fuel consumed (wasm tier only).")
     peak_memory_bytes: int | None = Field(None, description="Peak memory, where known.")
-    cpu_ms: float | None = Field(None, description="CPU time, where known.")
+    cpu_ms: Millis | None = Field(None, description="CPU time, where known.")
     # Process tiers read these from the sandbox's cgroup: for one command in a long-lived
     # workstation, the growth during that command (concurrent commands share the counters).
     cpu_user_seconds: float | None = Field(None, description="CPU time in user mode, seconds.")
@@ -81,10 +85,19 @@ class ExecutionResult(BaseModel):
         None, description="Bounded traceback of an uncaught error, when there was one."
     )
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
         """True when the run finished normally with exit status 0 and every test passed."""
         return self.termination is Termination.OK and all(t.passed for t in self.tests)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        # A dumped result carries ``ok``, which is computed, not given: loading it back works.
+        if isinstance(data, dict) and "ok" in data:
+            data = {k: v for k, v in data.items() if k != "ok"}
+        return data
 
     def raise_for_termination(self) -> ExecutionResult:
         """Raise the matching ExecutionError unless the run ended ok; return self otherwise."""

@@ -13,6 +13,7 @@ it; the runtimes are imported lazily, so the router works on builds (and hosts) 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,8 @@ from hybrid.errors import EngineUnavailable, PolicyViolation
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult
 from hybrid.tiers.base import probe_session
+
+log = logging.getLogger(__name__)
 
 TierChoice = str
 """``auto`` or a registered tier's name (hybrid.tiers.names())."""
@@ -131,7 +134,11 @@ def _fit(job: Job, tier: str) -> str | None:
 
 
 def route(job: Job, tier: TierChoice = "auto", available: Availability | None = None) -> Route:
-    """Pick the cheapest tier that honours ``job`` and is available; PolicyViolation if none."""
+    """Pick the cheapest tier that honours ``job`` and is available.
+
+    Raises EngineUnavailable when the tiers that would honour it are not available on this
+    host, PolicyViolation when no tier honours it at all.
+    """
     wanted = tier if tier != "auto" else job.spec.tier
     rejected: dict[str, str] = {}
     candidates = tiers.names() if wanted == "auto" else (wanted,)
@@ -165,6 +172,13 @@ def _route(
         if why.startswith("not available here"):
             raise EngineUnavailable(f"tier {wanted} is {why}")
         raise PolicyViolation([f"tier {wanted} cannot run this job: {why}"])
+    missing = {t: why for t, why in rejected.items() if why.startswith("not available here")}
+    if missing:
+        # The job fits a tier this host lacks: that is a missing engine, not a policy refusal.
+        listed = "; ".join(
+            f"{t}: {why.removeprefix('not available here: ')}" for t, why in missing.items()
+        )
+        raise EngineUnavailable(f"no tier that can run this job is available here ({listed})")
     reasons = set(rejected.values())
     if len(reasons) == 1:
         summary = reasons.pop()
@@ -189,5 +203,12 @@ def run(
 ) -> ExecutionResult:
     """Route ``job`` and run it there; every tier returns the same ExecutionResult."""
     chosen = route(job, tier, available)
+    log.info("routed to %s: %s", chosen.tier, "; ".join(chosen.reasons))
+    for name, why in chosen.rejected.items():
+        log.debug("not %s: %s", name, why)
     spec = job.spec.model_copy(update={"tier": chosen.tier})
-    return tiers.get(chosen.tier).run(job, spec, on_output)
+    result = tiers.get(chosen.tier).run(job, spec, on_output)
+    log.info(
+        "%s run ended %s in %.1f ms", chosen.tier, result.termination.value, result.usage.wall_ms
+    )
+    return result

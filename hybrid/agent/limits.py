@@ -9,6 +9,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from hybrid.agent.models import Usage
+from hybrid.results import Millis
 
 
 class StopReason(StrEnum):
@@ -52,8 +53,8 @@ class Meter(BaseModel):
     steps: int = 0
     usage: Usage = Field(default_factory=Usage)
     cost_usd: float = 0.0
-    sandbox_ms: float = 0.0
-    model_ms: float = 0.0
+    sandbox_ms: Millis = 0.0
+    model_ms: Millis = 0.0
     started: float = Field(default_factory=time.monotonic, exclude=True)
 
     @property

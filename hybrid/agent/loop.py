@@ -35,7 +35,7 @@ from hybrid.agent.models import Completion, Message, Model, Usage, prompt_tokens
 from hybrid.errors import InvalidDiff, InvalidInput, ModelError, ModelExhausted
 from hybrid.paths import display
 from hybrid.policy import SandboxSpec
-from hybrid.results import ExecutionResult
+from hybrid.results import ExecutionResult, Millis
 
 Mode = Literal["retry", "explain"]
 Progress = Callable[[str], None]
@@ -84,8 +84,8 @@ class Candidate(BaseModel):
     signature: str | None = None
     usage: Usage = Field(default_factory=Usage)
     cost_usd: float = 0.0
-    model_ms: float = 0.0
-    sandbox_ms: float = 0.0
+    model_ms: Millis = 0.0
+    sandbox_ms: Millis = 0.0
 
 
 class Attempt(BaseModel):
@@ -95,8 +95,8 @@ class Attempt(BaseModel):
     hypothesis: str | None = None
     candidates: list[Candidate] = Field(default_factory=list)
     winner: int | None = None
-    model_ms: float = 0.0
-    overhead_ms: float = Field(0.0, description="The step's wall time minus model time.")
+    model_ms: Millis = 0.0
+    overhead_ms: Millis = Field(0.0, description="The step's wall time minus model time.")
 
 
 class ContextChoice(BaseModel):

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybrid.errors import InvalidInput, ModelError, ModelExhausted, ModelTimeout
 from hybrid.paths import display, read_input
+from hybrid.results import Millis
 
 
 class Message(BaseModel):
@@ -75,7 +76,7 @@ class Completion(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     cost_usd: float = Field(0.0, description="What the call cost at the configured prices.")
     model: str = ""
-    latency_ms: float = Field(0.0, description="Wall time of the call, retries included.")
+    latency_ms: Millis = Field(0.0, description="Wall time of the call, retries included.")
     retries: int = Field(0, description="Calls retried after a 429, a 5xx or a timeout.")
     finish_reason: str | None = None
 

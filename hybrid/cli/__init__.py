@@ -7,6 +7,7 @@ Docker SDK or tree-sitter.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -30,6 +31,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "hybrid.cli.ws",
         "ws",
         "Workstations: hardened Docker/gVisor sandboxes holding a repository copy.",
+    ),
+    "engine": (
+        "hybrid.cli.engine",
+        "engine",
+        "Install and start the Docker engine with gVisor, and the base image (root).",
     ),
     "image": (
         "hybrid.cli.image",
@@ -119,15 +125,29 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="hybrid")
+@click.version_option(None, "-V", "--version", package_name="hybrid")
 @click.option(
     "--no-server",
     is_flag=True,
     expose_value=False,
     help="Run in this process, not through the resident server (also HYBRID_NO_SERVER=1).",
 )
-def cli() -> None:
-    """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents."""
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Log what the library does on stderr (-vv: more detail).",
+)
+def cli(verbose: int) -> None:
+    """hybrid: real-file context, tiered sandboxes and a generate-execute-debug loop for coding agents.
+
+    Shell completion: eval "$(_HYBRID_COMPLETE=bash_source hybrid)" in ~/.bashrc
+    (zsh_source in ~/.zshrc; fish: _HYBRID_COMPLETE=fish_source hybrid | source).
+    """
+    if verbose:
+        from hybrid.cli._output import log_to_stderr
+
+        log_to_stderr(logging.INFO if verbose == 1 else logging.DEBUG)
 
 
 class Terminated(KeyboardInterrupt):
@@ -184,22 +204,27 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
-    from hybrid.cli._output import log_to_stderr, usage_error_line
+    from hybrid.cli._output import emit_error, json_asked, log_to_stderr, usage_error_line
 
     log_to_stderr()
+    json_asked(reset=True)
     try:
         # Without standalone mode click returns the code of a click.exceptions.Exit instead of exiting.
         code = cli.main(args=argv, prog_name="hybrid", standalone_mode=False)
     except HybridError as exc:
         click.echo(f"hybrid: error: {exc.message}", err=True)
+        emit_error(type(exc).__name__, exc.message, exc.exit_code)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort as exc:
         _interrupted(exc)
     except click.UsageError as exc:
-        click.echo(usage_error_line(exc), err=True)
+        line = usage_error_line(exc)
+        click.echo(line, err=True)
+        emit_error("UsageError", line.removeprefix("hybrid: error: "), exc.exit_code)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
+        emit_error(type(exc).__name__, exc.format_message(), exc.exit_code)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

@@ -101,6 +101,17 @@ def spec_from_options(
     return spec.model_copy(update=update)
 
 
+def name_values(values: tuple[str, ...], option: str) -> dict[str, str]:
+    """``NAME=VALUE`` option values as a dict; one malformed value raises one InvalidInput line."""
+    parsed: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"{option} {item!r}: use NAME=VALUE")
+        parsed[name] = value
+    return parsed
+
+
 secret_path_option = click.option(
     "--allow-secret-path",
     "allow_secret",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -13,7 +15,46 @@ from pydantic import BaseModel
 
 from hybrid.results import ExecutionResult, Termination, Usage
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+_json_asked = False
+
+
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    global _json_asked
+    _json_asked = _json_asked or value
+    return value
+
+
+# Eager, so the flag is known even when another option's value is what fails to parse.
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    is_eager=True,
+    callback=_note_json,
+    help='Print machine-readable JSON (errors too: {"error": {type, message, exit_code}}).',
+)
+
+
+def json_asked(reset: bool = False) -> bool:
+    """Whether the running command was given --json (``reset``: forget it, for a new command)."""
+    global _json_asked
+    asked = _json_asked
+    if reset:
+        _json_asked = False
+    return asked
+
+
+def emit_error(kind: str, message: str, exit_code: int) -> None:
+    """Under --json, an error as JSON on stdout too: ``{"error": {type, message, exit_code}}``."""
+    if not json_asked():
+        return
+    error = {"type": kind, "message": message, "exit_code": exit_code}
+    try:
+        json.dump({"error": error}, sys.stdout, indent=2, ensure_ascii=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # stdout gone or closed: the stderr line remains
+        pass
 
 
 def to_jsonable(value: Any) -> Any:
@@ -103,6 +144,27 @@ def exit_code_for(result: ExecutionResult) -> int:
     return 124 if result.termination is Termination.TIMEOUT else 125
 
 
+def live_output(kind: str, chunk: bytes) -> None:
+    """An ``on_output`` callback: a sandbox's output goes to our stdout or stderr as it comes."""
+    stream = sys.stdout if kind == "stdout" else sys.stderr
+    stream.buffer.write(chunk)
+    stream.flush()
+
+
+@contextmanager
+def reader_gone() -> Iterator[None]:
+    """Inside: a closed stdout (``| head -1``) ends the command quietly with SIGPIPE's status 141,
+    as a Unix tool would (the library stops the sandbox when its output callback raises)."""
+    try:
+        yield
+    except BrokenPipeError:
+        # Whatever is still buffered for the closed pipe would fail again at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise click.exceptions.Exit(141) from None
+
+
 class _StderrLog(logging.Handler):
     """The library's warnings (e.g. an allowed secret path) as ``hybrid: warning: ...`` lines."""
 
@@ -110,11 +172,20 @@ class _StderrLog(logging.Handler):
         click.echo(f"hybrid: {record.levelname.lower()}: {record.getMessage()}", err=True)
 
 
-def log_to_stderr() -> None:
-    """Route the ``hybrid`` loggers' warnings to stderr (the console entry point calls this once)."""
+def log_to_stderr(level: int = logging.WARNING) -> None:
+    """Route the ``hybrid`` loggers' records at ``level`` and above to stderr.
+
+    The console entry point calls this with warnings; ``--verbose`` lowers the level. The
+    library itself attaches no handlers: an embedding program decides where its logs go.
+    """
     logger = logging.getLogger("hybrid")
-    if not any(isinstance(h, _StderrLog) for h in logger.handlers):
-        logger.addHandler(_StderrLog(logging.WARNING))
+    handler = next((h for h in logger.handlers if isinstance(h, _StderrLog)), None)
+    if handler is None:
+        handler = _StderrLog(level)
+        logger.addHandler(handler)
+    handler.setLevel(level)
+    if logger.getEffectiveLevel() > level or logger.level > level:
+        logger.setLevel(level)
 
 
 def usage_error_line(exc: click.UsageError) -> str:

@@ -6,16 +6,19 @@ matched), 2 bad input, 4 the sandboxed run ended abnormally (out of fuel, deadli
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from hybrid import checks
 from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
-from hybrid.cli._output import emit, json_option
-from hybrid.errors import InvalidInput
+from hybrid.cli._output import emit, json_option, to_jsonable
+from hybrid.errors import ExecutionError, InvalidInput
+from hybrid.paths import display
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import Termination
 
@@ -25,13 +28,33 @@ def check() -> None:
     """Built-in checks (csv, json, grep, redact, scope) in WebAssembly."""
 
 
-def _budget(
-    policy_file: Path | None, fuel: int | None, memory: str | None, timeout: float | None
-) -> Budget | None:
-    if policy_file is None and fuel is None and memory is None and timeout is None:
-        return None
-    default = SandboxSpec(tier="wasm")
-    return spec_from_options(policy_file, default, fuel=fuel, memory=memory, timeout=timeout).budget
+def _check_options(func: Callable[..., None]) -> Callable[..., None]:
+    """--policy, --fuel, --memory, --timeout, --allow-secret-path and --json for a check.
+
+    The command receives the budget they make as ``budget`` (None when none was given: the
+    module's defaults) and runs inside the secret-path scope --allow-secret-path asks for.
+    """
+
+    @functools.wraps(func)
+    def command(
+        *,
+        policy_file: Path | None,
+        fuel: int | None,
+        memory: str | None,
+        timeout: float | None,
+        allow_secret: bool,
+        **kwargs: Any,
+    ) -> None:
+        budget = None
+        if policy_file is not None or any(v is not None for v in (fuel, memory, timeout)):
+            default = SandboxSpec(tier="wasm")
+            budget = spec_from_options(
+                policy_file, default, fuel=fuel, memory=memory, timeout=timeout
+            ).budget
+        with secret_scope(allow_secret):
+            func(budget=budget, **kwargs)
+
+    return budget_options("fuel", "memory", "timeout")(secret_path_option(json_option(command)))
 
 
 def _data(path: str) -> checks.Data:
@@ -61,11 +84,13 @@ def _finish(
     report: checks.CheckReport, as_json: bool, render: Callable[[], None], passed: bool
 ) -> None:
     if report.termination is not Termination.OK:
-        if as_json:
-            emit(report, as_json, render)  # the human view of a cut-short run would mislead
-        click.echo(
-            f"hybrid: error: check ended with {report.termination.value}: {report.detail}", err=True
-        )
+        try:
+            report.raise_for_termination()
+        except ExecutionError as exc:
+            if as_json:  # the report and the error; the human view of a cut-short run would mislead
+                error = {"type": type(exc).__name__, "message": exc.message, "exit_code": 4}
+                emit({**to_jsonable(report), "error": error}, True, render)
+            click.echo(f"hybrid: error: {exc.message}", err=True)
         raise click.exceptions.Exit(4)
     emit(report, as_json, render)
     if not passed:
@@ -85,32 +110,25 @@ def _usage_line(report: checks.CheckReport) -> str:
 )
 @click.option("--delimiter", default=",", show_default=True, help="One character; 'tab' for tabs.")
 @click.option("--allow-empty", is_flag=True, help="Empty cells pass the type checks.")
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def csv_cmd(
     file: str,
     require: str | None,
     types_: str | None,
     delimiter: str,
     allow_empty: bool,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Check a CSV FILE (or - for stdin): header, required columns, types, first bad row."""
-    with secret_scope(allow_secret):
-        report = checks.check_csv(
-            _data(file),
-            require=_split(require),
-            types=_types(types_),
-            delimiter=delimiter,
-            allow_empty=allow_empty,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.check_csv(
+        _data(file),
+        require=_split(require),
+        types=_types(types_),
+        delimiter=delimiter,
+        allow_empty=allow_empty,
+        budget=budget,
+    )
 
     def render() -> None:
         click.echo(f"columns: {', '.join(report.columns) or '(none)'}")
@@ -136,28 +154,21 @@ def csv_cmd(
     help="A JSON schema (small subset) to validate against.",
 )
 @click.option("--max-errors", default=100, show_default=True, help="Failures to list.")
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def json_cmd(
     file: str,
     schema_file: Path | None,
     max_errors: int,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Parse a JSON FILE (or - for stdin) and validate it against --schema."""
-    with secret_scope(allow_secret):
-        report = checks.check_json(
-            _data(file),
-            schema=schema_file,
-            max_errors=max_errors,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.check_json(
+        _data(file),
+        schema=schema_file,
+        max_errors=max_errors,
+        budget=budget,
+    )
 
     def render() -> None:
         if report.syntax_error is not None:
@@ -174,7 +185,7 @@ def json_cmd(
 
 @check.command("grep")
 @click.argument("pattern")
-@click.argument("directory", default=".")
+@click.argument("directory", required=False)
 @click.option(
     "-C", "--context", default=0, show_default=True, help="Lines of context around each match."
 )
@@ -192,43 +203,48 @@ def json_cmd(
     show_default=True,
     help="Stop after this many matching lines.",
 )
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def grep_cmd(
     pattern: str,
-    directory: str,
+    directory: str | None,
     context: int,
     ignore_case: bool,
     globs: tuple[str, ...],
     max_matches: int,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
-    """Search DIRECTORY (or one file) for PATTERN with a linear-time regex, read-only."""
-    with secret_scope(allow_secret):
-        report = checks.grep(
-            pattern,
-            directory,
-            ignore_case=ignore_case,
-            context=context,
-            max_matches=max_matches,
-            globs=globs,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    """Search DIRECTORY (default .) or one file for PATTERN with a linear-time regex, read-only.
+
+    Paths print as given: under DIRECTORY as it was written (none: relative to .), a file by
+    the name it was given. --json keeps the report's paths, relative to what was searched.
+    """
+    report = checks.grep(
+        pattern,
+        directory or ".",
+        ignore_case=ignore_case,
+        context=context,
+        max_matches=max_matches,
+        globs=globs,
+        budget=budget,
+    )
+
+    def shown(path: str) -> str:
+        if directory is None:
+            return path
+        if not Path(directory).is_dir():
+            return display(directory)
+        return display(directory) + ("" if directory.endswith("/") else "/") + path
 
     def render() -> None:
         for m in report.matches:
+            path = shown(m.path)
             first = m.line - len(m.before)
             for offset, line in enumerate(m.before):
-                click.echo(f"{m.path}-{first + offset}-{line}")
-            click.echo(f"{m.path}:{m.line}:{m.column}:{m.text}")
+                click.echo(f"{path}-{first + offset}-{line}")
+            click.echo(f"{path}:{m.line}:{m.column}:{m.text}")
             for offset, line in enumerate(m.after):
-                click.echo(f"{m.path}-{m.line + 1 + offset}-{line}")
+                click.echo(f"{path}-{m.line + 1 + offset}-{line}")
             if context:
                 click.echo("--")
         more = " (stopped at --max)" if report.truncated else ""
@@ -273,32 +289,25 @@ def _skipped(report: checks.GrepReport) -> str:
 )
 @click.option("--no-entropy", is_flag=True, help="Do not scrub high-entropy tokens.")
 @click.option("--label", help="Source label put on the evidence marker.")
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def redact_cmd(
     file: str,
     literals: tuple[str, ...],
     max_bytes: int,
     no_entropy: bool,
     label: str | None,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Scrub secrets from FILE (default stdin), bound it and wrap it as untrusted evidence."""
-    with secret_scope(allow_secret):
-        report = checks.redact(
-            _data(file),
-            literals=literals,
-            max_bytes=max_bytes,
-            entropy=not no_entropy,
-            label=label,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.redact(
+        _data(file),
+        literals=literals,
+        max_bytes=max_bytes,
+        entropy=not no_entropy,
+        label=label,
+        budget=budget,
+    )
 
     def render() -> None:
         click.echo(report.text)
@@ -323,32 +332,29 @@ def redact_cmd(
     is_flag=True,
     help="Drop the built-in denied globs (.env*, CI, credentials, lockfiles).",
 )
-@budget_options("fuel", "memory", "timeout")
-@secret_path_option
-@json_option
+@_check_options
 def scope_cmd(
     diff: str,
     allow: tuple[str, ...],
     deny: tuple[str, ...],
     allow_lockfiles: bool,
     no_default_deny: bool,
-    policy_file: Path | None,
-    fuel: int | None,
-    memory: str | None,
-    timeout: float | None,
-    allow_secret: bool,
+    budget: Budget | None,
     as_json: bool,
 ) -> None:
     """Decide whether the unified DIFF (a file, or - for stdin) is reviewable or blocked."""
-    with secret_scope(allow_secret):
-        report = checks.scope(
-            _data(diff),
-            allow=allow,
-            deny=deny,
-            allow_lockfiles=allow_lockfiles,
-            default_deny=not no_default_deny,
-            budget=_budget(policy_file, fuel, memory, timeout),
-        )
+    report = checks.scope(
+        _data(diff),
+        allow=allow,
+        deny=deny,
+        allow_lockfiles=allow_lockfiles,
+        default_deny=not no_default_deny,
+        empty_ok=True,
+        budget=budget,
+    )
+    if report.decision == "empty":
+        # `git diff | hybrid check scope -` on a clean tree: nothing to review is not bad input.
+        click.echo("hybrid: note: empty diff: nothing to review", err=True)
 
     def render() -> None:
         for f in report.files:
@@ -357,6 +363,7 @@ def scope_cmd(
             click.echo(f"{f.status:<9} {name}  +{f.additions} -{f.deletions}{binary}")
         for v in report.violations:
             click.echo(f"violation: {v.path}: {v.rule}" + (f" ({v.pattern})" if v.pattern else ""))
-        click.echo(f"{report.decision} {_usage_line(report)}")
+        if report.decision != "empty":
+            click.echo(f"{report.decision} {_usage_line(report)}")
 
     _finish(report, as_json, render, report.ok)

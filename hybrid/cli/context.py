@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from hybrid.cli._output import emit, json_option
+from hybrid.cli._progress import progress as _progress
 
 _MODES = click.Choice(["fused", "bm25", "graph"])
 _VARIANT_LABELS = {
@@ -22,35 +21,6 @@ _VARIANT_LABELS = {
     "files-bm25": "files by BM25 only",
     "files-graph": "files by graph only",
 }
-
-
-@contextmanager
-def _progress(enabled: bool, label: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A rich progress bar on stderr for the parse, only when it is worth showing."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    if not console.is_terminal:
-        yield None
-        return
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task_id = bar.add_task(label, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task_id, completed=done, total=total)
-
-        yield update
 
 
 @click.command("map")
@@ -67,7 +37,7 @@ def map_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> None
     """Print a ranked map of the repository at PATH: files with their key signatures."""
     from hybrid.context.repomap import repo_map
 
-    with _progress(not as_json, "parsing") as progress:
+    with _progress("parsing files") as progress:
         result = repo_map(path, task, tokens, mode=mode, progress=progress)  # type: ignore[arg-type]
 
     def render() -> None:
@@ -127,7 +97,7 @@ def pack_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> Non
     """Fill one budget with the ranked map, top files, neighbour skeletons and related tests."""
     from hybrid.context.pack import context_pack
 
-    with _progress(not as_json, "parsing") as progress:
+    with _progress("parsing files") as progress:
         result = context_pack(path, task, tokens, mode=mode, progress=progress)  # type: ignore[arg-type]
 
     def render() -> None:
@@ -149,7 +119,7 @@ def eval_cmd(repo: str, limit: int, as_json: bool) -> None:
     """Localization on REPO's own bug-fix commits: Acc@1, Acc@5 and MRR per ranking mode."""
     from hybrid.context.evaluation import evaluate
 
-    with _progress(not as_json, "commits") as progress:
+    with _progress("evaluating commits") as progress:
         report = evaluate(repo, limit, progress=progress)
 
     def render() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from hybrid.cli._output import json_option
 from hybrid.cli.agent import _model_from, _with, model_options
 from hybrid.errors import EngineUnavailable, InvalidInput
 from hybrid.policy import SandboxSpec
@@ -56,12 +57,7 @@ def _loopback(host: str) -> bool:
     help="Seconds a workstation (and an HTTP session) may sit unused before it is removed.",
 )
 @_with(model_options)
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="HTTP: print where it listens as one JSON line first (stdio: stdout is the protocol).",
-)
+@json_option  # HTTP: where it listens, as one JSON line first (stdio: stdout is the protocol)
 def mcp_cmd(
     transport: str,
     host: str,

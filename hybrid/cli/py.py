@@ -13,7 +13,7 @@ import click
 from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
-from hybrid.paths import display, read_input
+from hybrid.paths import display, read_input, read_text_input
 from hybrid.policy import SandboxSpec, enforce
 
 
@@ -60,14 +60,6 @@ def _spec(
     return spec.model_copy(update={"tier": "python-wasm"})
 
 
-def _read_text(path: Path, what: str) -> str:
-    data = read_input(path, what)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidInput(f"{what} {display(path)}: not UTF-8 text") from None
-
-
 def _input_files(paths: tuple[Path, ...]) -> dict[str, bytes]:
     """--file inputs read (and judged by the secret-path rule) before the guest is prepared."""
     files: dict[str, bytes] = {}
@@ -111,7 +103,7 @@ def _run_and_report(source: str, filename: str, opts: dict[str, Any]) -> None:
     )
     enforce(spec, "python-wasm")  # refuse before the guest is prepared (a minute, the first time)
     with secret_scope(opts["allow_secret"]):
-        tests = _read_text(test_file, "test file") if test_file is not None else None
+        tests = read_text_input(test_file, "test file") if test_file is not None else None
         files = _input_files(opts["files"])
     with _first_use_status():
         result = run_python(
@@ -135,7 +127,7 @@ def _run_and_report(source: str, filename: str, opts: dict[str, Any]) -> None:
 def run_cmd(file: Path, **opts: Any) -> None:
     """Run FILE.py (then its --test file) in a fresh CPython-in-WASM instance."""
     with secret_scope(opts["allow_secret"]):
-        source = _read_text(file, "file")
+        source = read_text_input(file, "file")
     _run_and_report(source, display(file.name), opts)
 
 

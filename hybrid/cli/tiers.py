@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from hybrid.cli._options import TierChoice, budget_options, spec_from_options
-from hybrid.cli._output import emit, exit_code_for, json_option, render_result
+from hybrid.cli._output import (
+    emit,
+    exit_code_for,
+    json_option,
+    live_output,
+    reader_gone,
+    render_result,
+)
 from hybrid.errors import InvalidInput
 from hybrid.policy import SandboxSpec
 
@@ -126,32 +131,14 @@ def run_cmd(command: tuple[str, ...], as_json: bool, **opts: Any) -> None:
     if not as_json:
         click.echo(f"hybrid: running on {chosen.tier}", err=True)
     streamed = not as_json and tiers.get(chosen.tier).streams
-
-    def live(kind: str, chunk: bytes) -> None:
-        stream = sys.stdout if kind == "stdout" else sys.stderr
-        stream.buffer.write(chunk)
-        stream.flush()
-
-    try:
-        result = router.run(job, picked, on_output=live if streamed else None)
-    except BrokenPipeError:
-        # The reader went away (`| head -1`): the library stopped the sandbox; end quietly
-        # with SIGPIPE's status, as a Unix tool would.
-        _discard_stdout()
-        raise click.exceptions.Exit(141) from None
+    with reader_gone():
+        result = router.run(job, picked, on_output=live_output if streamed else None)
     emit(
         {"route": chosen, "result": result},
         as_json,
         lambda: render_result(result, streamed),
     )
     raise click.exceptions.Exit(exit_code_for(result))
-
-
-def _discard_stdout() -> None:
-    # Whatever is still buffered for the closed pipe would fail again at exit.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
 
 
 @click.command("route", context_settings={"ignore_unknown_options": True})

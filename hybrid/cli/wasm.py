@@ -7,7 +7,13 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
-from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
+from hybrid.cli._options import (
+    budget_options,
+    name_values,
+    secret_path_option,
+    secret_scope,
+    spec_from_options,
+)
 from hybrid.cli._output import emit, exit_code_for, json_option, render_result
 from hybrid.errors import InvalidInput
 from hybrid.paths import display
@@ -89,10 +95,7 @@ def run_cmd(
     )
     mounts = [*spec.mounts, *(parse_dir(d) for d in dirs)]
     env = spec.env.model_copy(deep=True)
-    for pair in env_pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise InvalidInput(f"--env {pair!r}: use NAME=VALUE")
+    for name, value in name_values(env_pairs, "--env").items():
         env.set[name] = value
         env.allow.append(name)
     spec = spec.model_copy(update={"mounts": mounts, "env": env})

@@ -11,10 +11,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from hybrid.cli._options import TierChoice
-from hybrid.cli._output import emit, exit_code_for, json_option, render_result
+from hybrid.cli._options import TierChoice, name_values
+from hybrid.cli._output import (
+    emit,
+    exit_code_for,
+    json_option,
+    live_output,
+    reader_gone,
+    render_result,
+)
+from hybrid.cli._progress import status
 from hybrid.cli.tiers import container_spec, sandbox_options
-from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationNotFound
+from hybrid.errors import EngineUnavailable, InvalidInput, PolicyViolation, WorkstationNotFound
 from hybrid.workstation.base import (
     Backend,
     GcReport,
@@ -97,6 +105,13 @@ def ws() -> None:
     metavar="KIND[:VERSION]",
     help="Start a service with it: postgres or redis (repeatable; [[services]] in a policy says more).",
 )
+@click.option(
+    "--allow-env",
+    "allow_env",
+    multiple=True,
+    metavar="NAME",
+    help="Let `ws exec -e NAME=VALUE` set NAME (repeatable; adds it to env.allow).",
+)
 @sandbox_options
 @json_option
 def up(
@@ -108,6 +123,7 @@ def up(
     gvisor: bool,
     with_deps: bool,
     service_kinds: tuple[str, ...],
+    allow_env: tuple[str, ...],
     as_json: bool,
     **opts: Any,
 ) -> None:
@@ -122,9 +138,13 @@ def up(
         if snapshot:
             raise InvalidInput("--from starts the snapshot's own services; drop --service")
         spec = _with_services(spec, service_kinds)
+    if allow_env:
+        allowed = [*spec.env.allow, *(n for n in allow_env if n not in spec.env.allow)]
+        spec = spec.model_copy(update={"env": spec.env.model_copy(update={"allow": allowed})})
+        opts["allow_env"] = allow_env
     backend = _backend(chosen or "docker")
     text = f"starting a {spec.tier} workstation" + (f" with a copy of {repo}" if repo else "")
-    with _status(as_json, text):
+    with status(live=not as_json, text=text):
         if with_deps and repo is not None:
             from hybrid import deps
 
@@ -150,15 +170,6 @@ def _with_services(spec: SandboxSpec, kinds: tuple[str, ...]) -> SandboxSpec:
     return spec.model_copy(update={"services": [*spec.services, *added]})
 
 
-def _status(as_json: bool, text: str) -> Any:
-    """A spinner on stderr for long work (never in --json mode)."""
-    if as_json:
-        return contextlib.nullcontext()
-    from rich.console import Console
-
-    return Console(stderr=True).status(text, spinner="dots")
-
-
 def _up(
     backend: Backend,
     name: str | None,
@@ -178,6 +189,7 @@ def _up(
             opts["policy_file"]
             or any(opts[k] is not None for k in ("timeout", "memory", "pids", "cpus", "disk"))
             or opts["allow"]
+            or opts.get("allow_env")
             or tier_given
         )
         return snapshots_of(backend).start(
@@ -198,7 +210,7 @@ def _up(
     "-e",
     "env",
     multiple=True,
-    help="NAME=VALUE (the name must be on the policy's allow-list).",
+    help="NAME=VALUE (NAME must be allowed: `ws up --allow-env NAME` or env.allow).",
 )
 @json_option
 def exec_(
@@ -210,27 +222,26 @@ def exec_(
     as_json: bool,
 ) -> None:
     """Run a command in a workstation; its output streams live, its exit code is ours."""
-    variables = {}
-    for item in env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidInput(f"--env {item!r}: use NAME=VALUE")
-        variables[key] = value
+    variables = name_values(env, "--env")
     workstation = _open(name)
-
-    def live(kind: str, chunk: bytes) -> None:
-        stream = sys.stdout if kind == "stdout" else sys.stderr
-        stream.buffer.write(chunk)
-        stream.flush()
-
+    refused = sorted(set(variables) - set(workstation.spec.env.allow))
+    if refused:
+        flags = " ".join(f"--allow-env {n}" for n in refused)
+        raise PolicyViolation(
+            [
+                f"env: {', '.join(refused)} not on {name}'s allow-list (env.allow); "
+                f"allow it when starting the workstation: hybrid ws up NAME {flags}"
+            ]
+        )
     argv: str | list[str] = command[0] if len(command) == 1 and " " in command[0] else list(command)
-    result = workstation.exec(
-        argv,
-        timeout=timeout,
-        env=variables or None,
-        workdir=workdir,
-        on_output=None if as_json else live,
-    )
+    with reader_gone():
+        result = workstation.exec(
+            argv,
+            timeout=timeout,
+            env=variables or None,
+            workdir=workdir,
+            on_output=None if as_json else live_output,
+        )
     emit(result, as_json, lambda: render_result(result, streamed=True))
     raise click.exceptions.Exit(exit_code_for(result))
 
@@ -341,7 +352,7 @@ def diff(name: str, output: Path | None, as_json: bool) -> None:
 @json_option
 def snapshot(name: str, snapshot: str, as_json: bool) -> None:
     """Commit a workstation (files, installed packages) as SNAPSHOT; start from it with `ws up --from`."""
-    with _status(as_json, f"committing {name} as {snapshot}"):
+    with status(live=not as_json, text=f"committing {name} as {snapshot}"):
         info = snapshotting(_open(name)).snapshot(snapshot)
     emit(info, as_json, lambda: click.echo(info.name))
 
@@ -352,7 +363,7 @@ def snapshot(name: str, snapshot: str, as_json: bool) -> None:
 @json_option
 def fork(name: str, count: int, as_json: bool) -> None:
     """Start COUNT copies of a workstation's current state, for parallel attempts."""
-    with _status(as_json, f"forking {name} into {count}"):
+    with status(live=not as_json, text=f"forking {name} into {count}"):
         forks = snapshotting(_open(name)).fork(count)
     infos = [f.info() for f in forks]
     emit(infos, as_json, lambda: click.echo("\n".join(i.name for i in infos)))
@@ -370,13 +381,12 @@ def ls(as_json: bool) -> None:
     ]
 
     def render() -> None:
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(title="workstations")
         columns = ("name", "tier", "status", "image", "kept", "from snapshot", "egress", "services")
         for column in columns:
-            table.add_column(column)
+            table.add_column(column, no_wrap=True)
         for w in workstations:
             table.add_row(
                 w.name,
@@ -388,17 +398,31 @@ def ls(as_json: bool) -> None:
                 "" if w.egress_events is None else f"{w.egress_events} requests",
                 ", ".join(f"{s.name}:{s.port} {s.status}" for s in w.services),
             )
-        console = Console()
-        console.print(table)
+        tables = [table]
         if snapshots:
             snaps = Table(title="snapshots")
             for column in ("name", "source", "image", "created"):
-                snaps.add_column(column)
+                snaps.add_column(column, no_wrap=True)
             for s in snapshots:
                 snaps.add_row(s.name, s.source, s.image, s.created[:19])
-            console.print(snaps)
+            tables.append(snaps)
+        _print_whole(tables)
 
     emit({"workstations": workstations, "snapshots": snapshots}, as_json, render)
+
+
+def _print_whole(tables: list[Any]) -> None:
+    """Print rich tables at their natural width: names the next command needs are never cut or
+    folded to fit a narrow terminal or the 80 columns of a pipe (long lines wrap instead)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console()
+    unbounded = console.options.update_width(100_000)
+    width = max(Measurement.get(console, unbounded, t).maximum for t in tables)
+    wide = Console(width=max(console.width, width))
+    for table in tables:
+        wide.print(table)
 
 
 @ws.command("egress")

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from hybrid.router import Job
     from hybrid.workstation.docker import DockerBackend
 
-ENGINE_SCRIPT = "scripts/engine.sh"
+ENGINE_SETUP = "hybrid engine install"
+"""What brings the engine up (hybrid.workstation.install: the packaged engine.sh)."""
 ONE_SHOT_SETUP_SECONDS = 30.0
 """How long a one-shot container may take from its start to its command's start (copying a
 repository takes longer: its baseline commit gets its own allowance). Past that plus the wall
@@ -124,12 +125,12 @@ class ContainerTier:
         )
         if self.runtime not in runtimes:
             if shutil.which("runsc") is None:
-                fix = f"apt-get install -y runsc, then restart dockerd with the config {ENGINE_SCRIPT} writes"
+                fix = f"apt-get install -y runsc, then restart dockerd with the config {ENGINE_SETUP} writes"
             else:
                 fix = (
                     "register runsc in the daemon config "
                     '("runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}) '
-                    f"and restart dockerd ({ENGINE_SCRIPT} writes that config)"
+                    f"and restart dockerd ({ENGINE_SETUP} writes that config)"
                 )
             return Probe(
                 False, f"the engine has no {self.runtime} runtime (has: {', '.join(runtimes)})", fix
@@ -247,9 +248,9 @@ def _engine() -> dict[str, Any]:
     except Exception as exc:  # the SDK raises several families here; all mean "no engine"
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
         if shutil.which("dockerd") is None:
-            fix = f"install and start it: {ENGINE_SCRIPT} (or apt-get install -y docker.io, then start dockerd)"
+            fix = f"install and start it: {ENGINE_SETUP} (or apt-get install -y docker.io, then start dockerd)"
         else:
-            fix = f"start it: {ENGINE_SCRIPT} (starts dockerd with runsc registered)"
+            fix = f"start it: {ENGINE_SETUP} (starts dockerd with runsc registered)"
         return {"error": f"no Docker engine at {where} ({first})", "fix": fix}
 
 

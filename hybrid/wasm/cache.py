@@ -7,6 +7,7 @@ Entries are written atomically (temp file + rename), so concurrent processes nev
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import threading
@@ -23,6 +24,7 @@ from hybrid.wasm import engine as _engine
 if TYPE_CHECKING:
     from wasmtime.component import Component
 
+log = logging.getLogger(__name__)
 Kind = Literal["module", "component"]
 T = TypeVar("T", bound=Any)
 
@@ -77,9 +79,14 @@ class CompiledCache:
         path = self.directory / f"{key}.{kind}"
         if path.exists():
             try:
-                return cls.deserialize_file(eng, str(path))
+                loaded = cls.deserialize_file(eng, str(path))
+                log.debug("%s %s: compiled copy loaded from %s", kind, name, path)
+                return loaded
             except wasmtime.WasmtimeError:
                 path.unlink(missing_ok=True)  # stale or corrupt: recompile below
+        log.info(
+            "%s %s: compiling (%d bytes; cached afterwards in %s)", kind, name, len(data), path
+        )
         compiled = _compile(eng, data, name, kind, cls)
         _write_atomic(path, bytes(compiled.serialize()))
         return compiled

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from hybrid import tiers
 from hybrid.tiers.base import probe_session
-from hybrid.tiers.container import ENGINE_SCRIPT as ENGINE_SCRIPT  # re-exported
+from hybrid.tiers.container import ENGINE_SETUP as ENGINE_SETUP  # re-exported
 
 
 class TierStatus(BaseModel):

@@ -181,3 +181,20 @@ def test_memory_cap_below_the_module_minimum(hybrid_cli) -> None:
     code, out, err = hybrid_cli("check", "csv", str(RATE_CARD), "--memory", "100k")
     assert code == 4 and out == ""
     assert err.startswith("hybrid: error: check ended with out_of_memory")
+
+
+def test_a_path_string_is_never_checked_as_csv_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_csv("examples/rate_card.csv") used to pass as a one-column CSV with no rows."""
+    monkeypatch.chdir(RATE_CARD.parents[1])
+    with pytest.raises(InvalidInput, match=r"is the name of a file, not CSV text: pass path="):
+        check_csv("examples/rate_card.csv", require=["weight_kg"])
+    by_path = check_csv(path="examples/rate_card.csv", require=["weight_kg"])
+    assert by_path.missing == ["weight_kg"] and by_path.columns == ["weight", "zone", "cost_usd"]
+    assert check_csv(RATE_CARD).columns == by_path.columns  # a Path positional: still a file
+    text = check_csv("weight_kg,zone\n1,a\n", require=["weight_kg"])  # text: still text
+    assert text.ok and text.rows == 1
+    assert check_csv("examples-not-a-file.csv").columns == ["examples-not-a-file.csv"]
+    with pytest.raises(InvalidInput, match="not both or neither"):
+        check_csv("a\n", path=RATE_CARD)
+    with pytest.raises(InvalidInput, match="not both or neither"):
+        check_csv()

@@ -113,6 +113,24 @@ def test_cli_output_format(tree: Path, hybrid_cli) -> None:
     assert code == 1 and out == ""
 
 
+def test_cli_prints_paths_as_the_user_gave_them(
+    tree: Path, hybrid_cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check grep X DIR` prints DIR/relative paths (usable as typed), a file by its own name."""
+    monkeypatch.chdir(tree.parent)
+    given = f"{tree.name}/src"
+    code, out, _ = hybrid_cli("check", "grep", "getenv", given)
+    assert code == 0 and out.splitlines() == [f"{given}/app.py:4:15:    return os.getenv('HOME')"]
+    code, out, _ = hybrid_cli("check", "grep", "getenv", given + "/")
+    assert out.splitlines()[0].startswith(f"{given}/app.py:4:")
+    code, out, _ = hybrid_cli("check", "grep", "getenv", f"./{given}/app.py")
+    assert out.splitlines() == [f"./{given}/app.py:4:15:    return os.getenv('HOME')"]
+    monkeypatch.chdir(tree)
+    code, out, _ = hybrid_cli("check", "grep", "getenv")  # no DIRECTORY: relative to .
+    assert out.splitlines()[0].startswith("src/app.py:4:15:")
+    assert Path(out.split(":")[0]).is_file()
+
+
 def test_deadline_stops_a_long_search(tmp_path: Path) -> None:
     for i in range(3):  # about 0.3 s of searching in all
         (tmp_path / f"big{i}.txt").write_text(("ab" * 200 + "\n") * 30000)

@@ -113,6 +113,8 @@ def test_ordinary_evidence_is_kept() -> None:
         'File "/usr/lib/python3/dist-packages/SomeModule2/VeryLongFileName.py", line 3\n'
         "uuid 123e4567-e89b-12d3-a456-426614174000\n"
         "AssertionError: assert 3 == 4\n"
+        "getpwnam: no passwd: [Errno 44] No such file or directory\n"
+        "api_key: (none), token: <unset>, secret: {}\n"
     )
     report = redact(text)
     assert report.counts == {}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.checks import scope
-from hybrid.errors import InvalidDiff
+from hybrid.errors import InvalidDiff, InvalidInput
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git to make real diffs")
 
@@ -170,6 +170,23 @@ def test_malformed_diff_cli_is_one_line(hybrid_cli) -> None:
     assert err.count("\n") == 1 and err.startswith("hybrid: error: malformed diff at line 3")
 
 
+def test_an_empty_diff_is_nothing_to_review(repo: Path, hybrid_cli) -> None:
+    """`git diff | hybrid check scope -` on a clean tree: exit 0 and a note, not bad input."""
+    clean = subprocess.run(["git", "diff"], cwd=repo, capture_output=True, check=True).stdout
+    assert clean == b""
+    for stdin in (clean, b"\n  \n"):
+        code, out, err = hybrid_cli("check", "scope", "-", stdin=stdin)
+        assert code == 0 and out == "", (code, out, err)
+        assert err == "hybrid: note: empty diff: nothing to review\n"
+        code, out, err = hybrid_cli("check", "scope", "-", "--json", stdin=stdin)
+        report = json.loads(out)
+        assert code == 0 and report["decision"] == "empty" and report["ok"] is True
+    # The library keeps refusing it unless asked: a gate must never pass an empty patch.
+    with pytest.raises(InvalidDiff, match="empty diff"):
+        scope("")
+    assert scope("", empty_ok=True).decision == "empty"
+
+
 def test_quoted_and_unicode_paths(repo: Path) -> None:
     (repo / "src" / "ünï cödé.txt").write_text("x\n")
     (repo / "src" / 'quo"te.txt').write_text("y\n")
@@ -200,3 +217,22 @@ def test_format_patch_series_and_log_p(repo: Path) -> None:
             ("src/kept.txt", "renamed"),
             ("src/new.py", "added"),
         }
+
+
+def test_scope_and_json_take_a_path_keyword_and_refuse_a_file_name_as_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybrid.checks import check_json, redact, scope
+
+    monkeypatch.chdir(tmp_path)
+    Path("fix.diff").write_text("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+    Path("doc.json").write_text('{"a": 1}\n')
+    with pytest.raises(InvalidInput, match=r"pass path='fix\.diff'"):
+        scope("fix.diff")
+    assert [f.path for f in scope(path="fix.diff").files] == ["x.py"]
+    with pytest.raises(InvalidInput, match=r"pass path='doc\.json'"):
+        check_json("doc.json")
+    assert check_json(path="doc.json").valid_json
+    # Redaction takes any text, a file name included; path= reads the file.
+    assert "fix.diff" in redact("fix.diff").text
+    assert "+b" in redact(path="fix.diff").text

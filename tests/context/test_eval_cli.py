@@ -101,7 +101,7 @@ def test_cli_map_skeleton_context_eval(history_repo: Path) -> None:
 
     out = runner.invoke(cli, ["context", "eval", str(history_repo), "--limit", "5", "--json"])
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["cases"] == 3
+    assert json.loads(out.stdout)["cases"] == 3
 
 
 def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -179,3 +179,34 @@ def test_cli_eval_prints_edit_site_recall_with_ablations(history_repo: Path) -> 
         assert label in out.output
     for budget in ("2k", "4k", "8k", "16k"):
         assert budget in out.output
+
+
+@pytest.fixture
+def no_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain progress lines from the first update (the CLI waits a second before the first)."""
+    import hybrid.cli._progress
+
+    monkeypatch.setattr(hybrid.cli._progress, "DELAY", 0.0)
+
+
+def test_long_work_shows_plain_progress_without_a_terminal(
+    hybrid_cli, history_repo: Path, tmp_path: Path, no_delay: None
+) -> None:
+    """A cold map and `context eval` with stderr on a pipe (a log, CI, an agent): plain lines."""
+    big = tmp_path / "big"
+    for i in range(300):
+        (big / f"pkg{i % 10}").mkdir(parents=True, exist_ok=True)
+        (big / f"pkg{i % 10}" / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    code, out, err = hybrid_cli("map", str(big), "--json")
+    assert code == 0, err
+    json.loads(out)  # progress never reaches stdout
+    lines = err.splitlines()
+    assert "hybrid: parsing files 300/300 (100%)" in lines, err
+    assert lines[-1].startswith("hybrid: parsing files: done in "), err
+    assert all(line.startswith("hybrid: parsing files") for line in lines), err
+    code, _, err = hybrid_cli("map", str(big), "--json")  # warm: nothing to parse, no lines
+    assert code == 0 and err == "", err
+
+    code, out, err = hybrid_cli("context", "eval", str(history_repo), "--limit", "3")
+    assert code == 0, err
+    assert "hybrid: evaluating commits 3/3 (100%)" in err.splitlines(), err

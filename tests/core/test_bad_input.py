@@ -11,6 +11,7 @@ nothing by its names exists afterwards.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -379,6 +380,31 @@ def test_malformed_and_oversized_arguments(hybrid_cli, inputs, args: list[str]) 
     argv = fill(args, inputs)
     code, _, err = hybrid_cli(*argv)
     assert_one_line(code, err, argv)
+
+
+def with_json(argv: list[str]) -> list[str]:
+    """``argv`` with --json right after its command path (before any ``--``)."""
+    words = next(n for n in range(len(argv), 0, -1) if " ".join(argv[:n]) in LEAVES)
+    return [*argv[:words], "--json", *argv[words:]]
+
+
+JSON_CASES = [[*c.split(), *args] for c, args, bad in FILE_CASES if bad == "missing"] + ARG_CASES
+
+
+@pytest.mark.parametrize("args", JSON_CASES, ids=[" ".join(a)[:40] for a in JSON_CASES])
+def test_json_errors_are_json_on_stdout_too(hybrid_cli, inputs, args: list[str]) -> None:
+    """Under --json a refusal is {"error": {type, message, exit_code}} on stdout, besides the
+    one stderr line, so a tool reading stdout never has to parse prose."""
+    argv = with_json(fill(args, inputs, inputs["missing"]))
+    code, out, err = hybrid_cli(*argv)
+    assert_one_line(code, err, argv)
+    error = json.loads(out)["error"]
+    assert set(error) == {"type", "message", "exit_code"}
+    assert error["exit_code"] == code
+    assert error["message"] and error["message"] in err
+    plain = [a for a in argv if a != "--json"]
+    code, out, err = hybrid_cli(*plain)
+    assert out == "", "without --json, an error prints nothing on stdout"
 
 
 def _engine_objects() -> list[str]:

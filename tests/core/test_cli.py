@@ -87,6 +87,9 @@ def test_wasm_run_json(tmp_path: Path) -> None:
     assert payload["termination"] == "ok"
     assert payload["stdout"] == "hello\n"
     assert payload["tier"] == "wasm"
+    assert payload["ok"] is True  # a reader of the JSON need not re-derive it
+    wall = payload["usage"]["wall_ms"]
+    assert round(wall, 2) == wall, "times are rounded to 0.01 ms in JSON"
 
 
 def test_wasm_run_timeout_exit_code() -> None:
@@ -152,3 +155,74 @@ def test_policy_check_cli(tmp_path: Path) -> None:
     result = hybrid_cmd("policy", "check", str(malformed))
     assert result.returncode == 2
     assert "budget.wall_seconds" in result.stderr
+
+
+def test_version_short_flag() -> None:
+    result = hybrid_cmd("-V")
+    assert result.returncode == 0 and result.stdout.startswith("hybrid, version ")
+    assert hybrid_cmd("--version").stdout == result.stdout
+
+
+def test_shell_completion_as_documented(tmp_path: Path) -> None:
+    """The completion the README and `hybrid --help` document works on the lazy command tree."""
+    import os
+
+    env = {**os.environ, "_HYBRID_COMPLETE": "bash_source"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hybrid"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0 and "_hybrid_completion" in done.stdout, done.stderr
+    env.update(_HYBRID_COMPLETE="bash_complete", COMP_WORDS="hybrid ch", COMP_CWORD="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "hybrid"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "plain,check" in done.stdout.splitlines(), done.stdout
+    env.update(COMP_WORDS="hybrid ws ex", COMP_CWORD="2")
+    done = subprocess.run(
+        [sys.executable, "-m", "hybrid"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "plain,exec" in done.stdout.splitlines(), done.stdout
+    assert (
+        "_HYBRID_COMPLETE=bash_source hybrid"
+        in (Path(hybrid.__file__).parents[1] / "README.md").read_text()
+    )
+
+
+def test_verbose_logs_through_logging_and_the_library_attaches_no_handlers() -> None:
+    result = hybrid_cmd("-v", "run", "--python", "print(6*7)")
+    assert result.returncode == 0 and result.stdout == "42\n", result.stderr
+    assert "hybrid: info: routed to python-wasm" in result.stderr
+    quiet = hybrid_cmd("run", "--python", "print(6*7)")
+    assert "info:" not in quiet.stderr
+    probe = (
+        "import logging, hybrid\n"
+        "from hybrid import router\n"
+        "router.run(router.Job(python='print(1)'), available={'python-wasm': (True, '')})\n"
+        "hybrid.check_csv('a\\n1\\n')\n"
+        "named = [n for n in logging.root.manager.loggerDict if n.startswith('hybrid')]\n"
+        "assert named, 'the library logs through hybrid.* loggers'\n"
+        "attached = [n for n in named if getattr(logging.getLogger(n), 'handlers', [])]\n"
+        "assert attached == [] and logging.root.handlers == [], attached\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_environment_variable_is_documented() -> None:
+    """Each HYBRID_* name the package, its scripts or its benchmarks read is in the README."""
+    import re
+
+    root = Path(hybrid.__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    used: set[str] = set()
+    for folder in ("hybrid", "scripts", "benchmarks"):
+        for path in (root / folder).rglob("*"):
+            if path.is_file() and path.suffix in ("", ".py", ".sh"):
+                used |= set(
+                    re.findall(r"\bHYBRID_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace"))
+                )
+    assert used >= {"HYBRID_CACHE_DIR", "HYBRID_STATE_DIR", "HYBRID_BASE_IMAGE"}
+    missing = sorted(name for name in used if f"`{name}`" not in readme)
+    assert missing == [], f"document these in the README's environment table: {missing}"

@@ -149,3 +149,16 @@ def test_finish_result_decodes_and_keeps_everything_else() -> None:
     )
     assert done.usage == Usage(wall_ms=2.5, peak_memory_bytes=64, cpu_ms=1.0)
     assert done.tests == [TestOutcome(name="t", passed=False)] and done.traceback == "tb"
+
+
+def test_json_carries_ok_and_rounded_times_and_loads_back() -> None:
+    failed = result(Termination.OK, tests=[TestOutcome(name="t", passed=False)])
+    failed.usage.wall_ms = 12.3456789
+    failed.usage.cpu_ms = 0.004
+    data = failed.model_dump(mode="json")
+    assert data["ok"] is False
+    assert data["usage"]["wall_ms"] == 12.35 and data["usage"]["cpu_ms"] == 0.0
+    assert failed.model_dump()["usage"]["wall_ms"] == 12.3456789  # full precision in process
+    loaded = ExecutionResult.model_validate_json(failed.model_dump_json())
+    assert loaded.ok is False and loaded.usage.wall_ms == 12.35
+    assert result(Termination.OK).model_dump(mode="json")["ok"] is True

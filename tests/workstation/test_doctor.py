@@ -18,7 +18,7 @@ def test_without_docker_the_container_tiers_say_why_and_how(monkeypatch, tmp_pat
     for tier in ("docker", "gvisor"):
         assert not rows[tier].available
         assert "no Docker engine" in rows[tier].detail
-        assert "engine.sh" in rows[tier].fix
+        assert "hybrid engine install" in rows[tier].fix
     result = CliRunner().invoke(cli, ["doctor", "--json"])
     assert result.exit_code == 0
     assert {r["tier"]: r["available"] for r in json.loads(result.stdout)}["docker"] is False

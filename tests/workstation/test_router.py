@@ -58,9 +58,9 @@ def test_budgets_beyond_a_tier_move_the_job():
 def test_unavailable_tiers_are_explained():
     chosen = route(Job(python="print(1)"), available=NO_ENGINE)
     assert chosen.tier == "python-wasm"
-    with pytest.raises(PolicyViolation) as refused:
+    with pytest.raises(EngineUnavailable) as missing:  # a missing engine, not a policy refusal
         route(Job(command=["make"]), available=NO_ENGINE)
-    assert "no engine" in str(refused.value)
+    assert "no engine" in str(missing.value) and missing.value.exit_code == 5
     with pytest.raises(EngineUnavailable):
         route(Job(command=["make"]), tier="gvisor", available=NO_ENGINE)
     with pytest.raises(PolicyViolation) as refused:
@@ -106,3 +106,22 @@ def test_run_a_wasi_module_on_the_wasm_tier():
     result = run(Job(command=[str(DATA / "hello.wat")]))
     assert result.tier == "wasm" and result.ok, result
     assert result.stdout
+
+
+def test_run_with_the_engine_down_exits_5(tmp_path):
+    """`hybrid run -- CMD` with no Docker engine reachable: exit 5 (engine unavailable), one line."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"}
+    done = subprocess.run(
+        [sys.executable, "-m", "hybrid", "run", "--", "make", "test"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.startswith("hybrid: error: no tier that can run this job is available")
+    assert len(done.stderr.splitlines()) == 1 and "no-such.sock" in done.stderr

@@ -275,3 +275,19 @@ def test_owner_marks_name_this_process():
     assert int(pid) == os.getpid() and started == owner.start_time(os.getpid())
     assert owner.alive(int(pid), started)
     assert not owner.alive(int(pid), str(int(started) + 1))
+
+
+def test_ws_exec_with_a_closed_reader_exits_like_run(ws):
+    """`hybrid ws exec NAME -- yes | head -1`: SIGPIPE's status 141 as `run` gives, no traceback,
+    and the command inside is stopped."""
+    script = (
+        f"{sys.executable} -m hybrid ws exec {ws.name} -- sh -c yes 2>&1 | head -1; "
+        "echo status=${PIPESTATUS[0]}"
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, timeout=120)
+    out = done.stdout.decode()
+    assert out.splitlines()[-1] == "status=141", (out, done.stderr)
+    assert "Traceback" not in out
+    after = ws.exec("ps -e -o comm= 2>/dev/null || ls /proc")
+    assert after.ok, after
+    assert "yes" not in after.stdout.split()

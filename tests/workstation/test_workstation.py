@@ -230,3 +230,51 @@ def test_egress_reaches_only_the_allow_list(engine):
     api = client().api
     assert not api.containers(all=True, filters={"name": f"hybrid-{name}-proxy"})
     assert not api.networks(names=[f"hybrid-{name}-net"])
+
+
+def test_ws_up_shows_plain_progress_without_a_terminal(engine, hybrid_cli, monkeypatch, tmp_path):
+    """`ws up` with stderr on a pipe: a plain line while it starts, one when it is up."""
+    import hybrid.cli._progress
+
+    monkeypatch.setattr(hybrid.cli._progress, "DELAY", 0.0)
+    name = f"progress-{os.getpid()}"
+    (tmp_path / "a.txt").write_text("a\n")
+    code, out, err = hybrid_cli("ws", "up", name, "--repo", str(tmp_path), "--json")
+    try:
+        assert code == 0, err
+        assert json.loads(out)["name"] == name
+        lines = err.splitlines()
+        assert lines[0] == f"hybrid: starting a docker workstation with a copy of {tmp_path} ...", (
+            err
+        )
+        assert lines[-1].startswith("hybrid: starting a docker workstation"), err
+        assert ": done in " in lines[-1], err
+    finally:
+        engine.open(name).remove()
+
+
+def test_ws_allow_env_and_ls_keeps_whole_names(engine, tmp_path):
+    """`ws up --allow-env FOO` lets `ws exec -e FOO=bar` set it (others are refused with the way
+    out); `ws ls` prints a long name whole, even on a narrow, non-terminal output."""
+    name = (f"allow-env-{os.getpid()}-" + "n" * 63)[:63]  # the longest name there is
+    up = _hybrid("ws", "up", name, "--allow-env", "FOO")
+    try:
+        assert up.returncode == 0, up.stderr
+        ran = _hybrid("ws", "exec", name, "-e", "FOO=bar", "--", "sh", "-c", 'echo "$FOO"')
+        assert ran.returncode == 0 and ran.stdout == "bar\n", ran.stderr
+        refused = _hybrid("ws", "exec", name, "-e", "BAR=1", "--", "true")
+        assert refused.returncode == 3, refused.stderr
+        assert "hybrid ws up NAME --allow-env BAR" in refused.stderr
+        assert len(refused.stderr.splitlines()) == 1
+        listed = subprocess.run(
+            [sys.executable, "-m", "hybrid", "ws", "ls"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "60"},
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert name in listed.stdout, listed.stdout
+        assert "…" not in listed.stdout, "nothing is cut to fit the width"
+    finally:
+        _hybrid("ws", "down", name)

@@ -110,9 +110,11 @@ const RULES: &[Rule] = &[
         secret: 2,
         hints: &["://"],
     },
+    // An unquoted value never starts with a bracket: `no passwd: [Errno 44]` and
+    // `token: (none)` are prose about a secret, not one.
     Rule {
         kind: "assignment",
-        pattern: r#"(?i)([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|private[_\-]?key|credentials?|session[_\-]?id|cookie)[A-Za-z0-9_.\-]*["']?\s*(?:=|:|=>)\s*)("[^"\n]*"|'[^'\n]*'|[^\s,;'"]+)"#,
+        pattern: r#"(?i)([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|private[_\-]?key|credentials?|session[_\-]?id|cookie)[A-Za-z0-9_.\-]*["']?\s*(?:=|:|=>)\s*)("[^"\n]*"|'[^'\n]*'|[^\s,;'"\[(<{][^\s,;'"]*)"#,
         secret: 2,
         hints: &["passw", "pwd", "secret", "token", "key", "credential", "session", "cookie"],
     },
