@@ -49,7 +49,7 @@ _PY_TEST = re.compile(r"^(test_.*|.*_test)\.py$")
 _CODE = {".py", ".pyi", ".js", ".cjs", ".mjs", ".ts", ".cts", ".mts", ".jsx", ".tsx"}
 # In the workspace: the engine copies files out of the container's root and volumes, not tmpfs.
 _JUNIT = ".hybrid-validate.xml"
-_QUIET = {"NO_COLOR": "1", "PY_COLORS": "0", "FORCE_COLOR": "0", "CI": "1"}
+_QUIET = "export NO_COLOR=1 PY_COLORS=0 FORCE_COLOR=0 CI=1"  # plain output, no prompts
 _SIGNS: list[tuple[Failure, re.Pattern[str]]] = [
     (
         "network",
@@ -339,7 +339,7 @@ class _Runner:
         command = command.replace("{workspace}", ws.spec.workspace)
         junit = f"{ws.spec.workspace}/{_JUNIT}"
         mark = time.monotonic()
-        done = ws.exec(["/bin/sh", "-c", f"rm -f {junit}; {command}"], env=_QUIET)
+        done = ws.exec(["/bin/sh", "-c", f"{_QUIET}; rm -f {junit}; {command}"])
         seconds = time.monotonic() - mark
         outcomes: dict[str, str] = {}
         if self.junit:
