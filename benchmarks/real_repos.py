@@ -38,7 +38,9 @@ class Project(BaseModel):
 
 PROJECTS = [
     Project(name="humanize", github="python-humanize/humanize", source="src/"),
-    Project(name="more-itertools", github="more-itertools/more-itertools", source="more_itertools/"),
+    Project(
+        name="more-itertools", github="more-itertools/more-itertools", source="more_itertools/"
+    ),
     Project(name="tomlkit", github="python-poetry/tomlkit", source="tomlkit/"),
     Project(name="click", github="pallets/click", source="src/"),
     Project(name="dateutil", github="dateutil/dateutil", tests=""),
@@ -62,7 +64,9 @@ _DEPENDENCY_FILES = re.compile(
     r"(^|/)(pyproject\.toml|setup\.py|setup\.cfg|requirements[^/]*\.txt|tox\.ini|noxfile\.py|"
     r"uv\.lock|poetry\.lock|package\.json|package-lock\.json|npm-shrinkwrap\.json)$"
 )
-_DOCS = re.compile(r"(\.(md|rst|txt)$|^docs?/|^changelog|^CHANGES|^NEWS|^HISTORY|^\.github/)", re.IGNORECASE)
+_DOCS = re.compile(
+    r"(\.(md|rst|txt)$|^docs?/|^changelog|^CHANGES|^NEWS|^HISTORY|^\.github/)", re.IGNORECASE
+)
 
 
 def locate(root: Path, project: Project) -> Path | None:
@@ -105,7 +109,9 @@ def mine(repo: Path, project: Project, limit: int, scan: int = 4000) -> list[str
         source = [
             p
             for p in paths
-            if not is_test(p) and p.startswith(project.source) and PurePosixPath(p).suffix in (".py", ".js")
+            if not is_test(p)
+            and p.startswith(project.source)
+            and PurePosixPath(p).suffix in (".py", ".js")
         ]
         other = [p for p in paths if p not in tests and p not in source and not _DOCS.search(p)]
         if tests and source and not other:

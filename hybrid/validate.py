@@ -128,6 +128,8 @@ def is_test(path: str) -> bool:
 
 def change_of(repo: Path, commit: str) -> Change:
     """``commit`` of the git repository ``repo`` split into tests and source (InvalidInput)."""
+    if not _git(repo, "rev-parse", "--git-dir", check=False):
+        raise InvalidInput(f"{display(repo)}: not a git repository")
     found = _git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False)
     if not found:
         raise InvalidInput(f"{display(repo)}: no commit {commit!r}")
@@ -253,7 +255,9 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
     result.fail_to_pass = sorted(
         t
         for t, o in fixed.outcomes.items()
-        if o == "passed" and tests.outcomes.get(t) != "passed" and tests.outcomes.get(t) != "skipped"
+        if o == "passed"
+        and tests.outcomes.get(t) != "passed"
+        and tests.outcomes.get(t) != "skipped"
     )
     result.pass_to_pass = sorted(t for t in passed_before if t in fixed.outcomes)
     result.broken = sorted(t for t in result.pass_to_pass if fixed.outcomes.get(t) != "passed")

@@ -43,16 +43,16 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
 
     Kept per (inputs, target): an unchanged project is not resolved again (``refresh`` forces it).
     """
-    key = hashlib.sha256(
-        f"{_FORMAT}\0{declared.inputs}\0{target.model_dump_json()}".encode()
-    ).hexdigest()
-    saved = cache_dir("deps", "locks") / f"{key}.json"
+    saved = cache_dir("deps", "locks") / f"{_key(declared, target)}.json"
     if saved.is_file() and not refresh:
         with contextlib.suppress(ValueError):
             manifest = Manifest.model_validate_json(saved.read_text())
             # A pruned store downloads again; a changed file is admission's to refuse.
             if all(store.path_of(a.sha256).is_file() for a in manifest.artifacts):
-                return manifest
+                # Same requirements from edited files (a version bump): the same resolution.
+                return manifest.model_copy(
+                    update={"requirements": declared.python, "inputs": declared.inputs}
+                )
     artifacts = _python(declared, target) + _node(repo, declared)
     manifest = Manifest(
         project=declared.project,
@@ -67,6 +67,22 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
     tmp.write_text(manifest.model_dump_json(indent=1))
     os.replace(tmp, saved)
     return manifest
+
+
+def _key(declared: Declared, target: Target) -> str:
+    """What decides a resolution: the requirements, pins and hashes declared (not the bytes of
+    the files around them), the target, and for Node the lockfile itself."""
+    body = {
+        "format": _FORMAT,
+        "target": target.model_dump(),
+        "python": sorted({r.spec for r in declared.python}),
+        "locked": declared.locked,
+        "hashes": {k: sorted(v) for k, v in declared.hashes.items()},
+        "node": declared.node and declared.inputs,
+        "paths": declared.paths,
+        "project": declared.project,
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def platforms(target: Target) -> list[str]:

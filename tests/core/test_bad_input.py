@@ -64,6 +64,7 @@ FILE_SLOTS: dict[str, list[tuple[list[str], str]]] = {
         (["{dir}", "--manifest", "{}"], "file"),
     ],
     "ws diff": [([NAME, "--output", "{}"], "out")],
+    "validate": [(["{}", "HEAD"], "dir")],
     "policy init": [(["{}"], "out")],
     "ws cp": [],  # NAME:PATH pairs: see ENGINE_CASES (the copy itself is another test's)
     "solve": [
@@ -162,6 +163,7 @@ BASE_ARGS: dict[str, list[str]] = {
     "ws up": [NAME],
     "deps lock": ["{dir}"],
     "deps admit": ["{dir}"],
+    "validate": ["{dir}", "HEAD"],
 }
 BAD_POLICIES = ["missing", "latin1_missing", "dir", "garbage", "bad_toml", "bool_toml", "tiny_toml"]
 # Budget options and values no budget can take.
@@ -213,6 +215,8 @@ ARG_CASES = [
     ["map", "{dir}", "--tokens", "0"],
     ["run", "--tier", "mainframe", "--", "true"],
     ["run"],
+    ["validate", "{dir}", "HEAD"],  # not a git repository
+    ["validate", "{dir}", "x" * 100_000],
 ]
 
 
