@@ -121,6 +121,19 @@ def mine(repo: Path, project: Project, limit: int, scan: int = 4000) -> list[str
     return picked
 
 
+def shared_layer(repo: Path, commit: str, image: str) -> str:
+    """The dependency layer of ``commit``'s parent (made once, then a cache hit)."""
+    import tempfile
+
+    from hybrid import deps
+    from hybrid.validate import _export
+
+    with tempfile.TemporaryDirectory(prefix="hybrid-bench-") as work:
+        checkout = Path(work) / "repo"
+        _export(repo, f"{commit}^", checkout)
+        return deps.prepare(checkout, image=image).layer.ref
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repos", type=Path, required=True)
@@ -143,13 +156,18 @@ def main() -> None:
             continue
         commits = mine(repo, project, args.per_project)
         node = project.github == "tj/commander.js"
-        image = profile_tag("node") if node else BASE_IMAGE
+        base = profile_tag("node") if node else BASE_IMAGE
+        # One installed environment per project, from the newest sampled commit's parent; a
+        # commit whose own dependencies differ (a dependency failure) is retried with them.
+        image = shared_layer(repo, commits[0], base) if commits else base
         classes: Counter[str] = Counter()
         validated = 0
         seconds = []
         for sha in commits:
             start = time.monotonic()
-            result = validate(repo, sha, image=image, test_command=project.test_command)
+            result = validate(repo, sha, image=image, deps=False, test_command=project.test_command)
+            if result.failure == "dependency":
+                result = validate(repo, sha, image=base, test_command=project.test_command)
             seconds.append(time.monotonic() - start)
             if result.validated:
                 validated += 1

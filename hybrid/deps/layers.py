@@ -36,7 +36,7 @@ LABEL_IMAGE = "hybrid.deps.image"
 PREFIX = "/opt/hybrid"
 VENV = f"{PREFIX}/venv"
 NODE = f"{PREFIX}/node"
-_FORMAT = "1"  # bump when the install script changes what a layer holds
+_FORMAT = "2"  # bump when the install script changes what a layer holds
 _STAGE = "/hybrid-deps"
 
 _SCRIPT = r"""set -eu
@@ -48,6 +48,16 @@ if [ -s {stage}/python.txt ]; then
     --no-warn-script-location -r {stage}/python.txt
   site=$({venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   for p in $(cat {stage}/paths.txt); do echo "$p" >> "$site/_hybrid_project.pth"; done
+  # The project runs from the workspace uninstalled; its own metadata (name, a placeholder
+  # version) lets importlib.metadata.version(project) answer as it would when installed.
+  if [ -s {stage}/project.txt ]; then
+    name=$(cat {stage}/project.txt)
+    info="$site/$(echo "$name" | tr - _)-0+unknown.dist-info"
+    mkdir -p "$info"
+    printf 'Metadata-Version: 2.1\nName: %s\nVersion: 0+unknown\n' "$name" > "$info/METADATA"
+    echo hybrid > "$info/INSTALLER"
+    : > "$info/RECORD"
+  fi
 fi
 if [ -s {stage}/node.txt ]; then
   command -v npm >/dev/null || {{ echo "the image has no npm: build one with hybrid image bootstrap --profile node" >&2; exit 3; }}
@@ -75,7 +85,9 @@ class Layer(BaseModel):
 
 
 def key_of(image_id: str, manifest: Manifest) -> str:
-    return hashlib.sha256(f"{_FORMAT}\0{image_id}\0{manifest.digest()}".encode()).hexdigest()
+    # The project's name is in the layer too (its placeholder metadata).
+    body = f"{_FORMAT}\0{image_id}\0{manifest.digest()}\0{manifest.project or ''}"
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def _record(key: str) -> Path:
@@ -248,6 +260,9 @@ def _stage(manifest: Manifest, staging: Path) -> None:
     (staging / "python.txt").write_text("".join(f"{a.name}=={a.version}\n" for a in python))
     (staging / "node.txt").write_text(
         "".join(f"{a.name}@{a.version}\n" for a in node) if project else ""
+    )
+    (staging / "project.txt").write_text(
+        manifest.project if manifest.project and manifest.paths else ""
     )
     (staging / "paths.txt").write_text(
         "".join(

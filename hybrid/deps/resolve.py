@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from hybrid.deps import store
+from hybrid.deps import sdist, store
 from hybrid.deps.models import Artifact, Declared, Manifest, Target
 from hybrid.errors import DependencyError, PolicyViolation
 from hybrid.paths import cache_dir
@@ -140,11 +141,35 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
             pins = "".join(f"{n}=={v}\n" for n, v in sorted(declared.locked.items()))
             (Path(work) / "locked.txt").write_text(pins)
             command += ["-c", str(Path(work) / "locked.txt")]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise DependencyError(
-                f"pip could not resolve the project's dependencies: {_why(done.stderr)}"
+        # A package with no wheel: its source enters, a stand-in wheel lets pip resolve around
+        # it, and the loop goes on until pip finds a wheel (or a source) for everything.
+        stubs = Path(work) / "stubs"
+        stubs.mkdir()
+        sources: dict[str, sdist.Source] = {}
+        extra: list[str] = []
+        while True:
+            if extra:
+                (Path(work) / "requirements.txt").write_text("\n".join([*specs, *extra]) + "\n")
+            links = [f"--find-links={link}" for link in [*_find_links(), str(stubs)]]
+            done = subprocess.run(
+                [*command, *(links if sources else [])], capture_output=True, text=True, check=False
             )
+            if done.returncode == 0:
+                break
+            wanted = sdist.missing(done.stderr)
+            if wanted is None or canonicalize_name(_req_name(wanted)) in sources:
+                raise DependencyError(
+                    f"pip could not resolve the project's dependencies: {_why(done.stderr)}"
+                )
+            (Path(work) / "sources").mkdir(exist_ok=True)
+            source = sdist.fetch(wanted, Path(work) / "sources")
+            sources[source.name] = source
+            source.stand_in(stubs)
+            extra += [b for b in source.build_requires if b not in extra]
+        for stand_in in stubs.iterdir():
+            (out / stand_in.name).unlink(missing_ok=True)
+        for source in sources.values():
+            shutil.copy2(source.path, out / source.path.name)
         found = []
         refused = []
         for path in sorted(out.iterdir()):
@@ -169,6 +194,23 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
         if refused:
             raise PolicyViolation(refused)
         return found
+
+
+def _find_links() -> list[str]:
+    """The user's configured find-links (a --find-links option replaces them, so repeat them)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    )
+    links: list[str] = []
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            links += value.strip().strip("'\"").split()
+    return list(dict.fromkeys(links))
+
+
+def _req_name(spec: str) -> str:
+    return re.split(r"[\s\[<>=!~;@(]", spec, maxsplit=1)[0]
 
 
 def _name_version(filename: str) -> tuple[str, str]:
