@@ -44,7 +44,12 @@ def test_node_lockfile_installs_offline(engine, tmp_path: Path) -> None:
     repo.mkdir()
     (repo / "package.json").write_text(
         json.dumps(
-            {"name": "node-proj", "version": "1.0.0", "private": True, "dependencies": {"ms": "2.1.3"}}
+            {
+                "name": "node-proj",
+                "version": "1.0.0",
+                "private": True,
+                "dependencies": {"ms": "2.1.3"},
+            }
         )
     )
     (repo / "test.js").write_text(TEST_JS)
