@@ -291,7 +291,7 @@ def _point_at_stage(lockfile: Path, node: list[Artifact]) -> None:
         if not where or not isinstance(entry, dict) or entry.get("link"):
             continue
         name = entry.get("name") or where.rsplit("node_modules/", 1)[-1]
-        filename = files.get((name, entry.get("version")))
+        filename = files.get((str(name), str(entry.get("version"))))
         if filename:
             entry["resolved"] = f"file:{_STAGE}/node/{filename}"
     data.pop("dependencies", None)  # the v1 tree: "packages" is what npm 7+ installs from
