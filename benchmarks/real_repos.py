@@ -141,6 +141,10 @@ def main() -> None:
     parser.add_argument("--per-project", type=int, default=5)
     parser.add_argument("--only", nargs="*", help="Project names to run (default: all found).")
     parser.add_argument("--json", type=Path, help="Write every Validation here (JSON lines).")
+    parser.add_argument("--timeout", type=float, default=300, help="Seconds per test run.")
+    parser.add_argument(
+        "--resume", action="store_true", help="Skip commits the --json file already holds."
+    )
     parser.add_argument(
         "--table", type=Path, nargs="+", help="Only print the table of earlier --json files."
     )
@@ -155,6 +159,9 @@ def main() -> None:
     from hybrid.workstation.images import BASE_IMAGE, profile_tag
 
     records: list[dict[str, Any]] = []
+    if args.resume and args.json and args.json.exists():
+        records = [json.loads(line) for line in args.json.read_text().splitlines()]
+    done = {r["commit"] for r in records}
     out = args.json.open("a") if args.json else None
     for project in PROJECTS:
         if args.only and project.name not in args.only:
@@ -171,10 +178,13 @@ def main() -> None:
         image = shared_layer(repo, commits[0], base) if commits else base
         seconds = []
         for sha in commits:
+            if any(d.startswith(sha) for d in done):
+                continue
             start = time.monotonic()
-            result = validate(repo, sha, image=image, deps=False, test_command=project.test_command)
+            options = {"test_command": project.test_command, "timeout": args.timeout}
+            result = validate(repo, sha, image=image, deps=False, **options)
             if result.failure == "dependency":
-                result = validate(repo, sha, image=base, test_command=project.test_command)
+                result = validate(repo, sha, image=base, **options)
             seconds.append(time.monotonic() - start)
             verdict = "ok" if result.validated else f"{result.failure}: {result.reason[:120]}"
             print(

@@ -91,6 +91,7 @@ class Run(BaseModel):
     state: State
     command: str
     exit_code: int | None
+    termination: str = Field("ok", description="How the run ended (ok, nonzero_exit, timeout...).")
     seconds: float
     outcomes: dict[str, str] = Field(
         default_factory=dict, description="test id -> passed | failed | error | skipped."
@@ -164,9 +165,11 @@ def validate(
     image: str | None = None,
     deps: bool = True,
     test_command: str | None = None,
+    timeout: float | None = None,
 ) -> Validation:
     """Validate ``commit`` of the git repository ``repo`` in a workstation at its parent.
 
+    ``timeout`` caps each test run (seconds; default the spec's wall clock budget).
     ``test_command`` runs with the test files appended (``{files}`` places them); by default
     pytest (test ids from its JUnit report) or, for a Node project, ``node --test`` per file.
     Bad input (no such commit, not a fix with tests) raises InvalidInput; everything that
@@ -207,7 +210,14 @@ def validate(
         result.seconds["setup"] = time.monotonic() - mark
         with ws:
             try:
-                _validate_in(ws, repo, change, checkout, test_command, result)
+                _validate_in(
+                    ws,
+                    repo,
+                    change,
+                    checkout,
+                    _Runner.for_checkout(checkout, test_command, timeout),
+                    result,
+                )
             finally:
                 ws.remove()
     return result
@@ -218,10 +228,9 @@ def _validate_in(
     repo: Path,
     change: Change,
     checkout: Path,
-    test_command: str | None,
+    runner: _Runner,
     result: Validation,
 ) -> None:
-    runner = _Runner.for_checkout(checkout, test_command)
     before_tests = [p for p in change.tests if (checkout / p).is_file() and runner.runs(p)]
     after_tests = [p for p in change.tests if p not in change.deleted and runner.runs(p)]
     if not after_tests:
@@ -263,6 +272,8 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
     result.broken = sorted(t for t in result.pass_to_pass if fixed.outcomes.get(t) != "passed")
     if not fixed.outcomes:
         result.reason = f"the tests did not run after the fix: {fixed.tail[-300:]}"
+    elif tests.termination == "timeout" and not tests.outcomes:
+        result.reason = "the commit's tests ran out of time before its source change"
     elif tests.exit_code == 0:
         result.reason = "the commit's tests already pass before its source change"
     elif not result.fail_to_pass:
@@ -289,9 +300,16 @@ class _Runner:
         self.command = command
         self.junit = junit
         self.suffixes = suffixes
+        self.timeout: float | None = None
 
     @classmethod
-    def for_checkout(cls, checkout: Path, command: str | None) -> _Runner:
+    def for_checkout(cls, checkout: Path, command: str | None, timeout: float | None) -> _Runner:
+        runner = cls._for(checkout, command)
+        runner.timeout = timeout
+        return runner
+
+    @classmethod
+    def _for(cls, checkout: Path, command: str | None) -> _Runner:
         node = (checkout / "package.json").is_file() and not any(
             (checkout / f).is_file() for f in ("pyproject.toml", "setup.py", "setup.cfg")
         )
@@ -343,7 +361,9 @@ class _Runner:
         command = command.replace("{workspace}", ws.spec.workspace)
         junit = f"{ws.spec.workspace}/{_JUNIT}"
         mark = time.monotonic()
-        done = ws.exec(["/bin/sh", "-c", f"{_QUIET}; rm -f {junit}; {command}"])
+        done = ws.exec(
+            ["/bin/sh", "-c", f"{_QUIET}; rm -f {junit}; {command}"], timeout=self.timeout
+        )
         seconds = time.monotonic() - mark
         outcomes: dict[str, str] = {}
         if self.junit:
@@ -356,6 +376,7 @@ class _Runner:
             state=state,
             command=command,
             exit_code=done.exit_code,
+            termination=str(done.termination),
             seconds=seconds,
             outcomes=outcomes,
             tail=tail,

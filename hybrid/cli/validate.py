@@ -19,6 +19,11 @@ from hybrid.cli._output import emit, json_option
     help="Test command; the test files are appended, or replace {files} "
     "(default: pytest with a JUnit report; jest/mocha/tap/node --test per file for Node).",
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    help="Seconds each test run may take (default: the budget's).",
+)
 @click.option("--image", help="Workstation image (default: the base image).")
 @click.option("--no-deps", is_flag=True, help="Do not install the project's dependencies.")
 @click.option("--gvisor", is_flag=True, help="Run in gVisor (runsc) instead of runc.")
@@ -33,6 +38,7 @@ def validate_cmd(
     repo: Path,
     commit: str,
     test_command: str | None,
+    timeout: float | None,
     image: str | None,
     no_deps: bool,
     gvisor: bool,
