@@ -48,8 +48,8 @@ _TEST_NAME = re.compile(
 _PY_TEST = re.compile(r"^(test_.*|.*_test)\.py$")
 _CODE = {".py", ".pyi", ".js", ".cjs", ".mjs", ".ts", ".cts", ".mts", ".jsx", ".tsx"}
 # In the workspace: the engine copies files out of the container's root and volumes, not tmpfs.
-_JUNIT = ".hybrid-validate.xml"
-_QUIET = "export NO_COLOR=1 PY_COLORS=0 FORCE_COLOR=0 CI=1"  # plain output, no prompts
+# (The environment is left as it is: NO_COLOR and friends change what some tests assert.)
+_REPORT = ".hybrid-validate-report"
 _SIGNS: list[tuple[Failure, re.Pattern[str]]] = [
     (
         "network",
@@ -171,7 +171,9 @@ def validate(
 
     ``timeout`` caps each test run (seconds; default the spec's wall clock budget).
     ``test_command`` runs with the test files appended (``{files}`` places them); by default
-    pytest (test ids from its JUnit report) or, for a Node project, ``node --test`` per file.
+    pytest, or for a Node project jest, mocha, tap or ``node --test`` (from its devDependencies).
+    Test ids come from pytest's JUnit report or jest's JSON report; other runners run once per
+    test file, whose exit code is its outcome.
     Bad input (no such commit, not a fix with tests) raises InvalidInput; everything that
     happens inside is in the result.
     """
@@ -294,45 +296,45 @@ def _classify(runs: list[Run]) -> Failure | None:
 
 
 class _Runner:
-    """How the project's tests run: pytest with a JUnit report, or a command per test file."""
+    """How the project's tests run: with a per-test report (pytest's JUnit XML, jest's JSON), or
+    once per test file, the file's outcome being the command's exit code."""
 
-    def __init__(self, command: str, junit: bool, suffixes: tuple[str, ...]) -> None:
+    def __init__(self, command: str, suffixes: tuple[str, ...]) -> None:
+        self.report: Literal["junit", "jest"] | None = None
+        words = command.split()
+        if "pytest" in words and "--junitxml" not in command:
+            self.report = "junit"
+            command += f" -o junit_family=xunit1 --junitxml={{workspace}}/{_REPORT}"
+        elif "jest" in words and "--json" not in words:
+            self.report = "jest"
+            command += f" --json --outputFile={{workspace}}/{_REPORT}"
         self.command = command
-        self.junit = junit
         self.suffixes = suffixes
         self.timeout: float | None = None
 
     @classmethod
     def for_checkout(cls, checkout: Path, command: str | None, timeout: float | None) -> _Runner:
-        runner = cls._for(checkout, command)
-        runner.timeout = timeout
-        return runner
-
-    @classmethod
-    def _for(cls, checkout: Path, command: str | None) -> _Runner:
         node = (checkout / "package.json").is_file() and not any(
             (checkout / f).is_file() for f in ("pyproject.toml", "setup.py", "setup.cfg")
         )
         if node:
-            return cls(command or _node_command(checkout), False, (".js", ".cjs", ".mjs", ".ts"))
-        default = (
-            "python -m pytest -p no:cacheprovider -q --color=no -o junit_family=xunit1 "
-            f"--junitxml={{workspace}}/{_JUNIT}"
-        )
-        return cls(command or default, command is None, (".py",))
+            runner = cls(command or _node_command(checkout), (".js", ".cjs", ".mjs", ".ts"))
+        else:
+            runner = cls(command or "python -m pytest -p no:cacheprovider -q --color=no", (".py",))
+        runner.timeout = timeout
+        return runner
 
     def runs(self, path: str) -> bool:
         pure = PurePosixPath(path)
         if pure.suffix not in self.suffixes or pure.name == "conftest.py":
             return False
-        if self.junit:
+        if self.report == "junit":
             return bool(_PY_TEST.match(pure.name))
         return bool(_TEST_NAME.match(pure.name)) or any(p in _TEST_DIRS for p in pure.parts)
 
     def run(self, ws: Workstation, state: State, files: list[str]) -> Run:
-        if self.junit:
+        if self.report:
             return self._once(ws, state, files)
-        # One run per file: a file is one test whose outcome is the command's exit code.
         mark = time.monotonic()
         outcomes: dict[str, str] = {}
         tails: list[str] = []
@@ -359,18 +361,17 @@ class _Runner:
             else f"{self.command} {quoted}"
         )
         command = command.replace("{workspace}", ws.spec.workspace)
-        junit = f"{ws.spec.workspace}/{_JUNIT}"
+        report = f"{ws.spec.workspace}/{_REPORT}"
         mark = time.monotonic()
-        done = ws.exec(
-            ["/bin/sh", "-c", f"{_QUIET}; rm -f {junit}; {command}"], timeout=self.timeout
-        )
+        done = ws.exec(["/bin/sh", "-c", f"rm -f {report}; {command}"], timeout=self.timeout)
         seconds = time.monotonic() - mark
         outcomes: dict[str, str] = {}
-        if self.junit:
-            with contextlib.suppress(HybridError, ET.ParseError):
-                report = ws.get(junit)
-                outcomes = _junit(report or b"")
-            ws.exec(["rm", "-f", junit])
+        if self.report:
+            with contextlib.suppress(HybridError, ET.ParseError, ValueError, KeyError, TypeError):
+                data = ws.get(report) or b""
+                read = _junit if self.report == "junit" else _jest
+                outcomes = read(data, ws.spec.workspace)
+            ws.exec(["rm", "-f", report])
         tail = (done.stdout[-3000:] + "\n" + done.stderr[-1500:]).strip()
         return Run(
             state=state,
@@ -398,7 +399,22 @@ def _node_command(checkout: Path) -> str:
     return "node --test"
 
 
-def _junit(report: bytes) -> dict[str, str]:
+def _jest(report: bytes, workspace: str) -> dict[str, str]:
+    import json
+
+    outcomes: dict[str, str] = {}
+    status = {"passed": "passed", "failed": "failed", "pending": "skipped", "todo": "skipped"}
+    for suite in json.loads(report)["testResults"]:
+        path = str(suite["name"]).removeprefix(workspace + "/")
+        cases = suite.get("assertionResults") or []
+        if not cases:  # the file did not run (a syntax error, a failed require)
+            outcomes[f"{path}::"] = "error" if suite.get("status") == "failed" else "skipped"
+        for case in cases:
+            outcomes[f"{path}::{case['fullName']}"] = status.get(case["status"], "failed")
+    return outcomes
+
+
+def _junit(report: bytes, workspace: str = "") -> dict[str, str]:
     outcomes: dict[str, str] = {}
     for case in ET.fromstring(report).iter("testcase"):
         where = case.get("file") or case.get("classname") or ""
