@@ -143,3 +143,32 @@ def test_commits_that_are_not_fixes_with_tests_are_bad_input(repo: Path, tmp_pat
 )
 def test_which_files_are_tests(path: str, expected: bool) -> None:
     assert is_test(path) is expected
+
+
+def test_jest_report_gives_test_ids() -> None:
+    """jest --json's report (the shape jest 29 writes): one id per assertion, a file that did not
+    run is an error, pending tests are skipped."""
+    from hybrid.validate import _jest
+
+    report = {
+        "testResults": [
+            {
+                "name": "/workspace/tests/a.test.js",
+                "status": "failed",
+                "assertionResults": [
+                    {"fullName": "parse handles -1", "status": "failed"},
+                    {"fullName": "parse handles 1", "status": "passed"},
+                    {"fullName": "later", "status": "pending"},
+                ],
+            },
+            {"name": "/workspace/tests/b.test.js", "status": "failed", "assertionResults": []},
+        ]
+    }
+    import json
+
+    assert _jest(json.dumps(report).encode(), "/workspace") == {
+        "tests/a.test.js::parse handles -1": "failed",
+        "tests/a.test.js::parse handles 1": "passed",
+        "tests/a.test.js::later": "skipped",
+        "tests/b.test.js::": "error",
+    }
