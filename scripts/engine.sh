@@ -18,6 +18,7 @@ missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v runsc >/dev/null 2>&1 || missing+=(runsc)
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+command -v npm >/dev/null 2>&1 || missing+=(npm)  # Node lockfiles are packed on the host
 if [ "${#missing[@]}" -gt 0 ]; then
     log "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -110,4 +111,15 @@ for service in postgres:15 redis:7; do
         fi
     fi
 done
-log "engine ready ($(docker version --format '{{.Server.Version}}'), image $IMAGE)"
+# The node profile (base + Debian's nodejs and npm): Node projects install their lockfile
+# offline inside it (hybrid.deps, tests/workstation/test_deps_node.py, hybrid validate).
+NODE_IMAGE="${IMAGE}-node"
+if ! docker image inspect "$NODE_IMAGE" >/dev/null 2>&1; then
+    log "building the node profile image $NODE_IMAGE (debootstrap + apt, a few minutes)"
+    if command -v hybrid >/dev/null 2>&1; then
+        hybrid image bootstrap --profile node --tag "$NODE_IMAGE"
+    else
+        python3 -c "from hybrid.cli import main; main()" image bootstrap --profile node --tag "$NODE_IMAGE"
+    fi
+fi
+log "engine ready ($(docker version --format '{{.Server.Version}}'), images $IMAGE, $NODE_IMAGE)"

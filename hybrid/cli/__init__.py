@@ -90,6 +90,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "gate_cmd",
         "Review gate for a patch: tests, regressions, scope, secrets, dependencies.",
     ),
+    "validate": (
+        "hybrid.cli.validate",
+        "validate_cmd",
+        "Validate a real fix commit: its tests fail at the parent and pass with the fix.",
+    ),
     "eval": (
         "hybrid.cli.agent",
         "eval_cmd",

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from hybrid.deps import store
-from hybrid.deps.models import Manifest, Target
+from hybrid.deps.models import Artifact, Manifest, Target
 from hybrid.errors import DependencyError, WorkstationNotFound
 from hybrid.paths import cache_dir
 
@@ -36,7 +36,7 @@ LABEL_IMAGE = "hybrid.deps.image"
 PREFIX = "/opt/hybrid"
 VENV = f"{PREFIX}/venv"
 NODE = f"{PREFIX}/node"
-_FORMAT = "1"  # bump when the install script changes what a layer holds
+_FORMAT = "3"  # bump when the install script changes what a layer holds
 _STAGE = "/hybrid-deps"
 
 _SCRIPT = r"""set -eu
@@ -48,13 +48,22 @@ if [ -s {stage}/python.txt ]; then
     --no-warn-script-location -r {stage}/python.txt
   site=$({venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   for p in $(cat {stage}/paths.txt); do echo "$p" >> "$site/_hybrid_project.pth"; done
+  # The project runs from the workspace uninstalled; its own metadata (name, a placeholder
+  # version) lets importlib.metadata.version(project) answer as it would when installed.
+  if [ -s {stage}/project.txt ]; then
+    name=$(cat {stage}/project.txt)
+    info="$site/$(echo "$name" | tr - _)-0+unknown.dist-info"
+    mkdir -p "$info"
+    printf 'Metadata-Version: 2.1\nName: %s\nVersion: 0+unknown\n' "$name" > "$info/METADATA"
+    echo hybrid > "$info/INSTALLER"
+    : > "$info/RECORD"
+  fi
 fi
 if [ -s {stage}/node.txt ]; then
   command -v npm >/dev/null || {{ echo "the image has no npm: build one with hybrid image bootstrap --profile node" >&2; exit 3; }}
   mkdir -p {node}
   cp {stage}/node-project/* {node}/
   export npm_config_cache=/tmp/npm-cache npm_config_update_notifier=false
-  for t in {stage}/node/*; do npm cache add "$t" >/dev/null; done
   cd {node} && npm ci --offline --no-audit --no-fund
 fi
 """
@@ -75,7 +84,9 @@ class Layer(BaseModel):
 
 
 def key_of(image_id: str, manifest: Manifest) -> str:
-    return hashlib.sha256(f"{_FORMAT}\0{image_id}\0{manifest.digest()}".encode()).hexdigest()
+    # The project's name is in the layer too (its placeholder metadata).
+    body = f"{_FORMAT}\0{image_id}\0{manifest.digest()}\0{manifest.project or ''}"
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def _record(key: str) -> Path:
@@ -245,9 +256,14 @@ def _stage(manifest: Manifest, staging: Path) -> None:
             [artifact.model_copy(update={"filename": Path(artifact.filename).name})],
             staging / "node-project",
         )
+        if Path(artifact.filename).name in ("package-lock.json", "npm-shrinkwrap.json"):
+            _point_at_stage(staging / "node-project" / Path(artifact.filename).name, node)
     (staging / "python.txt").write_text("".join(f"{a.name}=={a.version}\n" for a in python))
     (staging / "node.txt").write_text(
         "".join(f"{a.name}@{a.version}\n" for a in node) if project else ""
+    )
+    (staging / "project.txt").write_text(
+        manifest.project if manifest.project and manifest.paths else ""
     )
     (staging / "paths.txt").write_text(
         "".join(
@@ -259,6 +275,28 @@ def _stage(manifest: Manifest, staging: Path) -> None:
     for path in staging.rglob("*"):
         path.chmod(0o555 if path.is_dir() else 0o444)
     staging.chmod(0o555)
+
+
+def _point_at_stage(lockfile: Path, node: list[Artifact]) -> None:
+    """Each locked package resolved from its admitted tarball (``file:``), integrity kept.
+
+    npm then installs from the staged files alone: no registry, no cache, and npm still
+    checks every tarball against the lockfile's integrity. (A lockfile without ``resolved``
+    fields -- npm's omit-lockfile-registry-resolved -- would otherwise send npm to the registry
+    for each package's metadata.)
+    """
+    files = {(a.name, a.version): a.filename for a in node}
+    data = json.loads(lockfile.read_text(encoding="utf-8"))
+    for where, entry in (data.get("packages") or {}).items():
+        if not where or not isinstance(entry, dict) or entry.get("link"):
+            continue
+        name = entry.get("name") or where.rsplit("node_modules/", 1)[-1]
+        filename = files.get((str(name), str(entry.get("version"))))
+        if filename:
+            entry["resolved"] = f"file:{_STAGE}/node/{filename}"
+    data.pop("dependencies", None)  # the v1 tree: "packages" is what npm 7+ installs from
+    lockfile.chmod(0o644)
+    lockfile.write_text(json.dumps(data, indent=2), encoding="utf-8")
 
 
 def _prefix_archive(node: bool) -> bytes:

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from hybrid.deps import store
+from hybrid.deps import sdist, store
 from hybrid.deps.models import Artifact, Declared, Manifest, Target
 from hybrid.errors import DependencyError, PolicyViolation
 from hybrid.paths import cache_dir
@@ -43,16 +44,16 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
 
     Kept per (inputs, target): an unchanged project is not resolved again (``refresh`` forces it).
     """
-    key = hashlib.sha256(
-        f"{_FORMAT}\0{declared.inputs}\0{target.model_dump_json()}".encode()
-    ).hexdigest()
-    saved = cache_dir("deps", "locks") / f"{key}.json"
+    saved = cache_dir("deps", "locks") / f"{_key(declared, target)}.json"
     if saved.is_file() and not refresh:
         with contextlib.suppress(ValueError):
             manifest = Manifest.model_validate_json(saved.read_text())
             # A pruned store downloads again; a changed file is admission's to refuse.
             if all(store.path_of(a.sha256).is_file() for a in manifest.artifacts):
-                return manifest
+                # Same requirements from edited files (a version bump): the same resolution.
+                return manifest.model_copy(
+                    update={"requirements": declared.python, "inputs": declared.inputs}
+                )
     artifacts = _python(declared, target) + _node(repo, declared)
     manifest = Manifest(
         project=declared.project,
@@ -67,6 +68,22 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
     tmp.write_text(manifest.model_dump_json(indent=1))
     os.replace(tmp, saved)
     return manifest
+
+
+def _key(declared: Declared, target: Target) -> str:
+    """What decides a resolution: the requirements, pins and hashes declared (not the bytes of
+    the files around them), the target, and for Node the lockfile itself."""
+    body = {
+        "format": _FORMAT,
+        "target": target.model_dump(),
+        "python": sorted({r.spec for r in declared.python}),
+        "locked": declared.locked,
+        "hashes": {k: sorted(v) for k, v in declared.hashes.items()},
+        "node": declared.node and declared.inputs,
+        "paths": declared.paths,
+        "project": declared.project,
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def platforms(target: Target) -> list[str]:
@@ -124,11 +141,35 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
             pins = "".join(f"{n}=={v}\n" for n, v in sorted(declared.locked.items()))
             (Path(work) / "locked.txt").write_text(pins)
             command += ["-c", str(Path(work) / "locked.txt")]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise DependencyError(
-                f"pip could not resolve the project's dependencies: {_why(done.stderr)}"
+        # A package with no wheel: its source enters, a stand-in wheel lets pip resolve around
+        # it, and the loop goes on until pip finds a wheel (or a source) for everything.
+        stubs = Path(work) / "stubs"
+        stubs.mkdir()
+        sources: dict[str, sdist.Source] = {}
+        extra: list[str] = []
+        while True:
+            if extra:
+                (Path(work) / "requirements.txt").write_text("\n".join([*specs, *extra]) + "\n")
+            links = [f"--find-links={link}" for link in [*_find_links(), str(stubs)]]
+            done = subprocess.run(
+                [*command, *(links if sources else [])], capture_output=True, text=True, check=False
             )
+            if done.returncode == 0:
+                break
+            wanted = sdist.missing(done.stderr)
+            if wanted is None or canonicalize_name(_req_name(wanted)) in sources:
+                raise DependencyError(
+                    f"pip could not resolve the project's dependencies: {_why(done.stderr)}"
+                )
+            (Path(work) / "sources").mkdir(exist_ok=True)
+            source = sdist.fetch(wanted, Path(work) / "sources")
+            sources[source.name] = source
+            source.stand_in(stubs)
+            extra += [b for b in source.build_requires if b not in extra]
+        for stand_in in stubs.iterdir():
+            (out / stand_in.name).unlink(missing_ok=True)
+        for source in sources.values():
+            shutil.copy2(source.path, out / source.path.name)
         found = []
         refused = []
         for path in sorted(out.iterdir()):
@@ -153,6 +194,23 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
         if refused:
             raise PolicyViolation(refused)
         return found
+
+
+def _find_links() -> list[str]:
+    """The user's configured find-links (a --find-links option replaces them, so repeat them)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    )
+    links: list[str] = []
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            links += value.strip().strip("'\"").split()
+    return list(dict.fromkeys(links))
+
+
+def _req_name(spec: str) -> str:
+    return re.split(r"[\s\[<>=!~;@(]", spec, maxsplit=1)[0]
 
 
 def _name_version(filename: str) -> tuple[str, str]:

@@ -163,16 +163,23 @@ def bootstrap(
     work = Path(tempfile.mkdtemp(prefix="hybrid-image-"))
     try:
         rootfs = work / "rootfs"
+        # debootstrap configures its --include set without a working dpkg around it, which
+        # npm's dozens of node-* packages do not survive; the rest goes in with apt afterwards.
+        base = [p for p in packages if p in PACKAGES]
+        extra = [p for p in packages if p not in PACKAGES]
         command = [
             "debootstrap",
             "--variant=minbase",
-            f"--include={','.join(packages)}",
+            f"--include={','.join(base)}",
             suite,
             str(rootfs),
             mirror,
         ]
         progress(f"debootstrap {suite} from {mirror}")
         _stream(command, progress)
+        if extra:
+            progress(f"apt-get install {' '.join(extra)}")
+            _apt_install(rootfs, extra, progress)
         _prepare_rootfs(rootfs)
         progress("packing the root filesystem")
         archive = work / "rootfs.tar"
@@ -213,8 +220,16 @@ def bootstrap(
     return info.model_copy(update={"built": True})
 
 
-def _stream(command: list[str], progress: Callable[[str], None]) -> None:
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _stream(
+    command: list[str],
+    progress: Callable[[str], None],
+    *,
+    env: dict[str, str] | None = None,
+    what: str = "debootstrap",
+) -> None:
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     tail: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -222,7 +237,32 @@ def _stream(command: list[str], progress: Callable[[str], None]) -> None:
         tail = [*tail[-19:], line]
         progress(line)
     if proc.wait() != 0:
-        raise WorkstationError(f"debootstrap failed (exit {proc.returncode}):\n" + "\n".join(tail))
+        raise WorkstationError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _apt_install(rootfs: Path, packages: list[str], progress: Callable[[str], None]) -> None:
+    """Install ``packages`` into ``rootfs`` with its own apt, under this machine's apt settings."""
+    parts = Path("/etc/apt/apt.conf.d")
+    borrowed = []
+    for conf in sorted(parts.glob("*")) if parts.is_dir() else []:
+        target = rootfs / "etc/apt/apt.conf.d" / f"zz-host-{conf.name}"
+        if conf.is_file():
+            shutil.copyfile(conf, target)
+            borrowed.append(target)
+    proc = rootfs / "proc"
+    subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+    try:
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"}
+        for argv in (
+            ["apt-get", "update", "-qq"],
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+            ["apt-get", "clean"],
+        ):
+            _stream(["chroot", str(rootfs), *argv], progress, env=env, what=argv[1])
+    finally:
+        subprocess.run(["umount", "-l", str(proc)], check=False)
+        for target in borrowed:
+            target.unlink(missing_ok=True)
 
 
 def _prepare_rootfs(rootfs: Path) -> None:

@@ -65,6 +65,7 @@ FILE_SLOTS: dict[str, list[tuple[list[str], str]]] = {
         (["{dir}", "--manifest", "{}"], "file"),
     ],
     "ws diff": [([NAME, "--output", "{}"], "out")],
+    "validate": [(["{}", "HEAD"], "dir")],
     "policy init": [(["{}"], "out")],
     "ws cp": [],  # NAME:PATH pairs: see ENGINE_CASES (the copy itself is another test's)
     "solve": [
@@ -170,6 +171,7 @@ BASE_ARGS: dict[str, list[str]] = {
     "mcp": ["--root", "{dir}"],
     "deps lock": ["{dir}"],
     "deps admit": ["{dir}"],
+    "validate": ["{dir}", "HEAD"],
 }
 BAD_POLICIES = ["missing", "latin1_missing", "dir", "garbage", "bad_toml", "bool_toml", "tiny_toml"]
 # Budget options and values no budget can take.
@@ -224,6 +226,8 @@ ARG_CASES = [
     ["mcp", "--root", "{dir}", "--idle", "0"],
     ["mcp", "--root", "{dir}", "--transport", "http", "--host", "0.0.0.0"],
     ["mcp", "--root", "/"],
+    ["validate", "{dir}", "HEAD"],  # not a git repository
+    ["validate", "{dir}", "x" * 100_000],
 ]
 
 

@@ -1,0 +1,238 @@
+"""Real fix-commit validation across public projects: the fraction that validates, and why not.
+
+    PYTHONPATH=. python3 benchmarks/real_repos.py --repos DIR [--per-project 6] [--json OUT]
+
+``DIR`` holds git repositories (bare or not) fetched for evaluation, one per project, found as
+``DIR/OWNER+NAME/repo`` or ``DIR/NAME``; none of their code is part of this project. Commits
+are mined newest first: a bug fix (by its subject) that changes test files and source code,
+touches no dependency declaration (so one installed environment serves the project), and is
+small. Each is validated with ``hybrid.validate.validate`` in a workstation at its parent with
+the project's dependencies admitted and installed offline (the install layer is cached, so
+repeats of one project start in seconds). One table: per project, sampled, validated, and the
+failure classes of the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class Project(BaseModel):
+    name: str
+    github: str
+    source: str = ""  # the source directory a fix must touch
+    tests: str = "tests/"
+    until: str | None = None
+    test_command: str | None = None
+    any_subject: bool = False  # every commit changing source and tests, not only "fix ..." ones
+
+
+PROJECTS = [
+    Project(name="humanize", github="python-humanize/humanize", source="src/"),
+    Project(
+        name="more-itertools", github="more-itertools/more-itertools", source="more_itertools/"
+    ),
+    Project(name="tomlkit", github="python-poetry/tomlkit", source="tomlkit/"),
+    Project(name="click", github="pallets/click", source="src/"),
+    Project(name="dateutil", github="dateutil/dateutil", tests=""),
+    Project(name="requests", github="psf/requests", source="src/"),
+    # Jest era (node 18, CommonJS): the later node --test / ESM-only history needs node >= 20.
+    Project(
+        name="commander",
+        github="tj/commander.js",
+        source="lib/",
+        until="3dd60861",
+        any_subject=True,
+        test_command="jest --ci --silent",  # the test file follows: no array option before it
+    ),
+]
+_FIX = re.compile(
+    r"\b(fix(es|ed)?|bug|issue|regression|wrong|incorrect|crash|broken|error|handle|correct)",
+    re.IGNORECASE,
+)
+_NOT_A_FIX = re.compile(r"\b(typos?|pep8|lint|coverage|revert|reformat)\b", re.IGNORECASE)
+_DEPENDENCY_FILES = re.compile(
+    r"(^|/)(pyproject\.toml|setup\.py|setup\.cfg|requirements[^/]*\.txt|tox\.ini|noxfile\.py|"
+    r"uv\.lock|poetry\.lock|package\.json|package-lock\.json|npm-shrinkwrap\.json)$"
+)
+_DOCS = re.compile(
+    r"(\.(md|rst|txt)$|^docs?/|^changelog|^CHANGES|^NEWS|^HISTORY|^\.github/)", re.IGNORECASE
+)
+
+
+def locate(root: Path, project: Project) -> Path | None:
+    for candidate in (root / project.github.replace("/", "+") / "repo", root / project.name):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def mine(repo: Path, project: Project, limit: int, scan: int = 4000) -> list[str]:
+    """The newest ``limit`` small bug-fix commits that change tests and source, nothing else."""
+    from hybrid.validate import is_test
+
+    head = project.until or "HEAD"
+    log = subprocess.run(
+        ["git", "-C", str(repo), "log", "--no-merges", "-n", str(scan), "--format=%H%x00%s", head],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    picked: list[str] = []
+    for line in log.splitlines():
+        sha, _, subject = line.partition("\0")
+        if not (project.any_subject or _FIX.search(subject)) or _NOT_A_FIX.search(subject):
+            continue
+        stat = subprocess.run(
+            ["git", "-C", str(repo), "diff", "--numstat", "--no-renames", f"{sha}^", sha],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        rows = [r.split("\t") for r in stat.splitlines() if r.count("\t") == 2]
+        if not rows or len(rows) > 8:
+            continue
+        paths = [r[2] for r in rows]
+        lines = sum(int(r[0]) + int(r[1]) for r in rows if r[0].isdigit() and r[1].isdigit())
+        if lines > 400 or any(_DEPENDENCY_FILES.search(p) for p in paths):
+            continue
+        tests = [p for p in paths if is_test(p) and p.startswith(project.tests)]
+        source = [
+            p
+            for p in paths
+            if not is_test(p)
+            and p.startswith(project.source)
+            and PurePosixPath(p).suffix in (".py", ".js")
+        ]
+        other = [p for p in paths if p not in tests and p not in source and not _DOCS.search(p)]
+        if tests and source and not other:
+            picked.append(sha)
+            if len(picked) == limit:
+                break
+    return picked
+
+
+def shared_layer(repo: Path, commit: str, image: str) -> str:
+    """The dependency layer of ``commit``'s parent (made once, then a cache hit)."""
+    import tempfile
+
+    from hybrid import deps
+    from hybrid.validate import _export
+
+    with tempfile.TemporaryDirectory(prefix="hybrid-bench-") as work:
+        checkout = Path(work) / "repo"
+        _export(repo, f"{commit}^", checkout)
+        return deps.prepare(checkout, image=image).layer.ref
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repos", type=Path, required=True)
+    parser.add_argument("--per-project", type=int, default=5)
+    parser.add_argument("--only", nargs="*", help="Project names to run (default: all found).")
+    parser.add_argument("--json", type=Path, help="Write every Validation here (JSON lines).")
+    parser.add_argument("--timeout", type=float, default=300, help="Seconds per test run.")
+    parser.add_argument(
+        "--resume", action="store_true", help="Skip commits the --json file already holds."
+    )
+    parser.add_argument(
+        "--table", type=Path, nargs="+", help="Only print the table of earlier --json files."
+    )
+    args = parser.parse_args()
+    if args.table:
+        table_of(
+            [json.loads(line) for path in args.table for line in path.read_text().splitlines()]
+        )
+        return
+
+    from hybrid.validate import validate
+    from hybrid.workstation.images import BASE_IMAGE, profile_tag
+
+    records: list[dict[str, Any]] = []
+    if args.resume and args.json and args.json.exists():
+        records = [json.loads(line) for line in args.json.read_text().splitlines()]
+    done = {r["commit"] for r in records}
+    out = args.json.open("a") if args.json else None
+    for project in PROJECTS:
+        if args.only and project.name not in args.only:
+            continue
+        repo = locate(args.repos, project)
+        if repo is None:
+            print(f"{project.name}: not found under {args.repos}, skipped", file=sys.stderr)
+            continue
+        commits = mine(repo, project, args.per_project)
+        node = project.github == "tj/commander.js"
+        base = profile_tag("node") if node else BASE_IMAGE
+        # One installed environment per project, from the newest sampled commit's parent; a
+        # commit whose own dependencies differ (a dependency failure) is retried with them.
+        image = shared_layer(repo, commits[0], base) if commits else base
+        seconds = []
+        for sha in commits:
+            if any(d.startswith(sha) for d in done):
+                continue
+            start = time.monotonic()
+            options = {"test_command": project.test_command, "timeout": args.timeout}
+            result = validate(repo, sha, image=image, deps=False, **options)
+            if result.failure == "dependency":
+                result = validate(repo, sha, image=base, **options)
+            seconds.append(time.monotonic() - start)
+            verdict = "ok" if result.validated else f"{result.failure}: {result.reason[:120]}"
+            print(
+                f"{project.name} {sha[:10]} {seconds[-1]:5.1f}s f2p={len(result.fail_to_pass)} "
+                f"p2p={len(result.pass_to_pass)} {verdict}  ({result.subject[:60]})",
+                flush=True,
+            )
+            record = {"project": project.name, "wall": seconds[-1], **result.model_dump()}
+            records.append(record)
+            if out:
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+
+    table_of(records)
+
+
+def table_of(records: list[dict[str, Any]]) -> None:
+    """One table: per project, sampled, validated and the failure classes of the rest."""
+    from hybrid.validate import FAILURES
+
+    projects: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        projects.setdefault(record["project"], []).append(record)
+    header = ["project", "sampled", "validated", *FAILURES, "median s/commit"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    total: Counter[str] = Counter()
+    sampled = ok = 0
+    for name, rows in projects.items():
+        classes = Counter(r["failure"] or "other" for r in rows if not r["validated"])
+        good = sum(1 for r in rows if r["validated"])
+        seconds = sorted(r.get("wall", 0.0) for r in rows)
+        total.update(classes)
+        sampled += len(rows)
+        ok += good
+        cells = [name, str(len(rows)), str(good), *(str(classes.get(f, 0)) for f in FAILURES)]
+        print("| " + " | ".join([*cells, f"{seconds[len(seconds) // 2]:.0f}"]) + " |")
+    cells = ["total", str(sampled), str(ok), *(str(total.get(f, 0)) for f in FAILURES), ""]
+    print("| " + " | ".join(cells) + " |")
+    if sampled:
+        print(f"\nvalidated {ok}/{sampled} = {ok / sampled:.0%} (target >= 90% of >= 30)")
+    for record in records:
+        if not record["validated"]:
+            print(
+                f"- {record['project']} {record['commit'][:10]}: {record['failure']}: "
+                f"{record['reason'][:160]}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,519 @@
+"""Real fix-commit validation: does a commit's test change catch the bug its source change fixes?
+
+For a commit that changes both tests and source, in a workstation at the commit's parent with
+the project's dependencies admitted and installed offline (``hybrid.deps``), the changed test
+files run three times: as they were (``before``), with the commit's test changes (``tests``:
+the new tests must fail) and with its source changes too (``fixed``: they must pass). A commit
+validates when at least one test goes from failing to passing (FAIL_TO_PASS) and every test
+that passed before still passes (PASS_TO_PASS). A commit that does not validate gets one
+failure class: dependency (not installable), service (needs postgres, redis, ...), network,
+flaky (a second run of the same state disagrees) or other.
+
+Files are read from the repository's git objects (``git archive``, ``git show``), never from a
+work tree; nothing of the project runs on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, Field
+
+from hybrid.errors import DependencyError, HybridError, InvalidInput, PolicyViolation
+from hybrid.paths import display
+
+if TYPE_CHECKING:
+    from hybrid.policy import SandboxSpec
+    from hybrid.workstation.base import Backend, Workstation
+
+State = Literal["before", "tests", "fixed"]
+Failure = Literal["dependency", "service", "network", "flaky", "other"]
+FAILURES: tuple[Failure, ...] = ("dependency", "service", "network", "flaky", "other")
+
+_TEST_DIRS = {"test", "tests", "testing", "__tests__", "spec", "specs"}
+_TEST_NAME = re.compile(
+    r"^(test_.*\.py|.*_tests?\.py|conftest\.py|.*\.(test|spec)\.[cm]?[jt]sx?)$", re.IGNORECASE
+)
+_PY_TEST = re.compile(r"^(test_.*|.*_test)\.py$")
+_CODE = {".py", ".pyi", ".js", ".cjs", ".mjs", ".ts", ".cts", ".mts", ".jsx", ".tsx"}
+# In the workspace: the engine copies files out of the container's root and volumes, not tmpfs.
+# (The environment is left as it is: NO_COLOR and friends change what some tests assert.)
+_REPORT = ".hybrid-validate-report"
+_SIGNS: list[tuple[Failure, re.Pattern[str]]] = [
+    (
+        "network",
+        re.compile(
+            r"Temporary failure in name resolution|Name or service not known|Network is "
+            r"unreachable|getaddrinfo|ENOTFOUND|EAI_AGAIN|nodename nor servname|"
+            r"Failed to establish a new connection|NewConnectionError",
+        ),
+    ),
+    (
+        "service",
+        re.compile(
+            r"(Connection refused|ECONNREFUSED).*(5432|6379|3306|27017|11211)|"
+            r"could not connect to server|redis\.exceptions\.ConnectionError|"
+            r"psycopg2?\.OperationalError|pymongo\.errors\.ServerSelectionTimeoutError",
+        ),
+    ),
+    (
+        "dependency",
+        re.compile(r"ModuleNotFoundError: No module named|Cannot find module|ERR_MODULE_NOT_FOUND"),
+    ),
+]
+
+
+class Change(BaseModel):
+    """A commit split into its test files and everything else."""
+
+    commit: str
+    parent: str
+    subject: str
+    tests: list[str] = Field(description="Changed test files (paths as of the commit).")
+    source: list[str] = Field(description="Every other changed file.")
+    deleted: list[str] = Field(default_factory=list, description="Files the commit removes.")
+
+
+class Run(BaseModel):
+    """One run of the test files in one state."""
+
+    state: State
+    command: str
+    exit_code: int | None
+    termination: str = Field("ok", description="How the run ended (ok, nonzero_exit, timeout...).")
+    seconds: float
+    outcomes: dict[str, str] = Field(
+        default_factory=dict, description="test id -> passed | failed | error | skipped."
+    )
+    tail: str = Field("", description="The last lines of the output.")
+
+
+class Validation(BaseModel):
+    """Whether one fix commit validates, and why not when it does not."""
+
+    repo: str
+    commit: str
+    parent: str
+    subject: str
+    tests: list[str]
+    source: list[str]
+    validated: bool
+    failure: Failure | None = None
+    reason: str = ""
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    broken: list[str] = Field(
+        default_factory=list, description="PASS_TO_PASS tests that fail after the fix."
+    )
+    runs: list[Run] = Field(default_factory=list)
+    seconds: dict[str, float] = Field(default_factory=dict)
+
+
+def is_test(path: str) -> bool:
+    """Whether ``path`` is test code (a tests/ directory, test_*.py, *.test.js, conftest.py)."""
+    pure = PurePosixPath(path)
+    in_test_dir = any(part.lower() in _TEST_DIRS for part in pure.parts[:-1])
+    return pure.suffix in _CODE and (in_test_dir or bool(_TEST_NAME.match(pure.name)))
+
+
+def change_of(repo: Path, commit: str) -> Change:
+    """``commit`` of the git repository ``repo`` split into tests and source (InvalidInput)."""
+    if not _git(repo, "rev-parse", "--git-dir", check=False):
+        raise InvalidInput(f"{display(repo)}: not a git repository")
+    found = _git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", check=False)
+    if not found:
+        raise InvalidInput(f"{display(repo)}: no commit {commit!r}")
+    sha = found.strip()
+    parents = _git(repo, "rev-list", "--parents", "-n", "1", sha).split()[1:]
+    if len(parents) != 1:
+        raise InvalidInput(f"{sha[:12]}: a fix commit has exactly one parent ({len(parents)})")
+    rows = _git(repo, "diff", "--no-renames", "--name-status", "-z", parents[0], sha).split("\0")
+    tests: list[str] = []
+    source: list[str] = []
+    deleted: list[str] = []
+    for status, path in zip(rows[::2], rows[1::2], strict=False):
+        if status.startswith("D"):
+            deleted.append(path)
+        (tests if is_test(path) else source).append(path)
+    if not tests or not any(PurePosixPath(p).suffix in _CODE for p in source):
+        raise InvalidInput(
+            f"{sha[:12]}: not a fix commit with tests: it must change test files and source code"
+        )
+    subject = _git(repo, "log", "-1", "--format=%s", sha).strip()
+    return Change(
+        commit=sha, parent=parents[0], subject=subject, tests=tests, source=source, deleted=deleted
+    )
+
+
+def validate(
+    repo: Path,
+    commit: str,
+    *,
+    spec: SandboxSpec | None = None,
+    backend: Backend | None = None,
+    image: str | None = None,
+    deps: bool = True,
+    test_command: str | None = None,
+    timeout: float | None = None,
+) -> Validation:
+    """Validate ``commit`` of the git repository ``repo`` in a workstation at its parent.
+
+    ``timeout`` caps each test run (seconds; default the spec's wall clock budget).
+    ``test_command`` runs with the test files appended (``{files}`` places them); by default
+    pytest, or for a Node project jest, mocha, tap or ``node --test`` (from its devDependencies).
+    Test ids come from pytest's JUnit report or jest's JSON report; other runners run once per
+    test file, whose exit code is its outcome.
+    Bad input (no such commit, not a fix with tests) raises InvalidInput; everything that
+    happens inside is in the result.
+    """
+    from hybrid.policy import SandboxSpec, for_workstation
+    from hybrid.workstation import backend as backend_of
+
+    repo = Path(repo)
+    if not repo.exists():
+        raise InvalidInput(f"{display(repo)}: no such repository")
+    change = change_of(repo, commit)
+    spec = spec or for_workstation(SandboxSpec(tier="docker"))
+    backend = backend or backend_of("gvisor" if spec.tier == "gvisor" else "docker")
+    result = Validation(
+        repo=str(repo),
+        commit=change.commit,
+        parent=change.parent,
+        subject=change.subject,
+        tests=change.tests,
+        source=change.source,
+        validated=False,
+    )
+    with tempfile.TemporaryDirectory(prefix="hybrid-validate-") as work:
+        checkout = Path(work) / "repo"
+        _export(repo, change.parent, checkout)
+        mark = time.monotonic()
+        try:
+            if deps:
+                from hybrid import deps as deps_api
+
+                ws = deps_api.up(backend, checkout, spec, image=image)
+            else:
+                ws = backend.create(spec, image=image, repo=checkout)
+        except (DependencyError, PolicyViolation) as exc:
+            result.failure, result.reason = "dependency", str(exc).splitlines()[0][:500]
+            return result
+        result.seconds["setup"] = time.monotonic() - mark
+        with ws:
+            try:
+                _validate_in(
+                    ws,
+                    repo,
+                    change,
+                    checkout,
+                    _Runner.for_checkout(checkout, test_command, timeout),
+                    result,
+                )
+            finally:
+                ws.remove()
+    return result
+
+
+def _validate_in(
+    ws: Workstation,
+    repo: Path,
+    change: Change,
+    checkout: Path,
+    runner: _Runner,
+    result: Validation,
+) -> None:
+    before_tests = [p for p in change.tests if (checkout / p).is_file() and runner.runs(p)]
+    after_tests = [p for p in change.tests if p not in change.deleted and runner.runs(p)]
+    if not after_tests:
+        result.failure, result.reason = "other", "the commit changes no runnable test file"
+        return
+    mark = time.monotonic()
+    before = runner.run(ws, "before", before_tests) if before_tests else None
+    _apply(ws, repo, change, [p for p in change.tests])
+    tests = runner.run(ws, "tests", after_tests)
+    _apply(ws, repo, change, change.source)
+    fixed = runner.run(ws, "fixed", after_tests)
+    result.runs = [r for r in (before, tests, fixed) if r is not None]
+    _judge(result, before, tests, fixed)
+    if not result.validated:
+        # Run the state that decided once more: a different answer is a flaky test.
+        if tests.exit_code == 0:
+            _apply(ws, repo, change, change.source, parent=True)
+            decided, rerun = tests, runner.run(ws, "tests", after_tests)
+        else:
+            decided, rerun = fixed, runner.run(ws, "fixed", after_tests)
+        result.runs.append(rerun)
+        if rerun.outcomes != decided.outcomes and decided.outcomes:
+            result.failure, result.reason = "flaky", f"{result.reason}; a second run disagreed"
+        else:
+            result.failure = _classify(result.runs) or "other"
+    result.seconds["tests"] = time.monotonic() - mark
+
+
+def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> None:
+    passed_before = {t for t, o in (before.outcomes if before else {}).items() if o == "passed"}
+    result.fail_to_pass = sorted(
+        t
+        for t, o in fixed.outcomes.items()
+        if o == "passed"
+        and tests.outcomes.get(t) != "passed"
+        and tests.outcomes.get(t) != "skipped"
+    )
+    result.pass_to_pass = sorted(t for t in passed_before if t in fixed.outcomes)
+    result.broken = sorted(t for t in result.pass_to_pass if fixed.outcomes.get(t) != "passed")
+    if not fixed.outcomes:
+        result.reason = f"the tests did not run after the fix: {fixed.tail[-300:]}"
+    elif tests.termination == "timeout" and not tests.outcomes:
+        result.reason = "the commit's tests ran out of time before its source change"
+    elif tests.exit_code == 0:
+        result.reason = "the commit's tests already pass before its source change"
+    elif not result.fail_to_pass:
+        failing = sorted(t for t, o in fixed.outcomes.items() if o in ("failed", "error"))
+        result.reason = f"no test goes from failing to passing ({len(failing)} still fail)"
+    elif result.broken:
+        result.reason = f"{len(result.broken)} test(s) that passed before fail after the fix"
+    else:
+        result.validated = True
+
+
+def _classify(runs: list[Run]) -> Failure | None:
+    text = "\n".join(r.tail for r in runs)
+    for failure, pattern in _SIGNS:
+        if pattern.search(text):
+            return failure
+    return None
+
+
+class _Runner:
+    """How the project's tests run: with a per-test report (pytest's JUnit XML, jest's JSON), or
+    once per test file, the file's outcome being the command's exit code."""
+
+    def __init__(self, command: str, suffixes: tuple[str, ...]) -> None:
+        self.report: Literal["junit", "jest"] | None = None
+        words = command.split()
+        if "pytest" in words and "--junitxml" not in command:
+            self.report = "junit"
+            command += f" -o junit_family=xunit1 --junitxml={{workspace}}/{_REPORT}"
+        elif "jest" in words and "--json" not in words:
+            self.report = "jest"
+            command += f" --json --outputFile={{workspace}}/{_REPORT}"
+        self.command = command
+        self.suffixes = suffixes
+        self.timeout: float | None = None
+
+    @classmethod
+    def for_checkout(cls, checkout: Path, command: str | None, timeout: float | None) -> _Runner:
+        node = (checkout / "package.json").is_file() and not any(
+            (checkout / f).is_file() for f in ("pyproject.toml", "setup.py", "setup.cfg")
+        )
+        if node:
+            runner = cls(command or _node_command(checkout), (".js", ".cjs", ".mjs", ".ts"))
+        else:
+            runner = cls(command or "python -m pytest -p no:cacheprovider -q --color=no", (".py",))
+        runner.timeout = timeout
+        return runner
+
+    def runs(self, path: str) -> bool:
+        pure = PurePosixPath(path)
+        if pure.suffix not in self.suffixes or pure.name == "conftest.py":
+            return False
+        if self.report == "junit":
+            return bool(_PY_TEST.match(pure.name))
+        return bool(_TEST_NAME.match(pure.name)) or any(p in _TEST_DIRS for p in pure.parts)
+
+    def run(self, ws: Workstation, state: State, files: list[str]) -> Run:
+        if self.report:
+            return self._once(ws, state, files)
+        mark = time.monotonic()
+        outcomes: dict[str, str] = {}
+        tails: list[str] = []
+        code: int | None = 0
+        for path in files:
+            one = self._once(ws, state, [path])
+            outcomes[path] = "passed" if one.exit_code == 0 else "failed"
+            tails.append(one.tail)
+            code = one.exit_code if one.exit_code != 0 else code
+        return Run(
+            state=state,
+            command=self.command,
+            exit_code=code,
+            seconds=time.monotonic() - mark,
+            outcomes=outcomes,
+            tail="\n".join(tails)[-4000:],
+        )
+
+    def _once(self, ws: Workstation, state: State, files: list[str]) -> Run:
+        quoted = " ".join(_quote(f) for f in files)
+        command = (
+            self.command.replace("{files}", quoted)
+            if "{files}" in self.command
+            else f"{self.command} {quoted}"
+        )
+        command = command.replace("{workspace}", ws.spec.workspace)
+        report = f"{ws.spec.workspace}/{_REPORT}"
+        mark = time.monotonic()
+        done = ws.exec(["/bin/sh", "-c", f"rm -f {report}; {command}"], timeout=self.timeout)
+        seconds = time.monotonic() - mark
+        outcomes: dict[str, str] = {}
+        if self.report:
+            with contextlib.suppress(HybridError, ET.ParseError, ValueError, KeyError, TypeError):
+                data = ws.get(report) or b""
+                read = _junit if self.report == "junit" else _jest
+                outcomes = read(data, ws.spec.workspace)
+            ws.exec(["rm", "-f", report])
+        tail = (done.stdout[-3000:] + "\n" + done.stderr[-1500:]).strip()
+        return Run(
+            state=state,
+            command=command,
+            exit_code=done.exit_code,
+            termination=str(done.termination),
+            seconds=seconds,
+            outcomes=outcomes,
+            tail=tail,
+        )
+
+
+def _node_command(checkout: Path) -> str:
+    import json
+
+    with contextlib.suppress(OSError, ValueError):
+        manifest = json.loads((checkout / "package.json").read_text(encoding="utf-8"))
+        dev = {**manifest.get("dependencies", {}), **manifest.get("devDependencies", {})}
+        if "jest" in dev:
+            return "jest --ci --silent"
+        if "mocha" in dev:
+            return "mocha"
+        if "tap" in dev:
+            return "tap --no-coverage"
+    return "node --test"
+
+
+def _jest(report: bytes, workspace: str) -> dict[str, str]:
+    import json
+
+    outcomes: dict[str, str] = {}
+    status = {"passed": "passed", "failed": "failed", "pending": "skipped", "todo": "skipped"}
+    for suite in json.loads(report)["testResults"]:
+        path = str(suite["name"]).removeprefix(workspace + "/")
+        cases = suite.get("assertionResults") or []
+        if not cases:  # the file did not run (a syntax error, a failed require)
+            outcomes[f"{path}::"] = "error" if suite.get("status") == "failed" else "skipped"
+        for case in cases:
+            outcomes[f"{path}::{case['fullName']}"] = status.get(case["status"], "failed")
+    return outcomes
+
+
+def _junit(report: bytes, workspace: str = "") -> dict[str, str]:
+    outcomes: dict[str, str] = {}
+    for case in ET.fromstring(report).iter("testcase"):
+        where = case.get("file") or case.get("classname") or ""
+        test_id = f"{where}::{case.get('classname', '')}::{case.get('name', '')}"
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                break
+        # A parametrised id seen twice (setup and call errors) keeps its worst outcome.
+        if outcomes.get(test_id) not in ("failed", "error"):
+            outcomes[test_id] = outcome
+    return outcomes
+
+
+def _apply(
+    ws: Workstation, repo: Path, change: Change, paths: list[str], *, parent: bool = False
+) -> None:
+    """Write ``paths`` as of the commit (or its parent) into the workspace; removed files go."""
+    rev = change.parent if parent else change.commit
+    present = set(_git(repo, "ls-tree", "-r", "--name-only", "-z", rev, "--", *paths).split("\0"))
+    gone = [p for p in paths if p not in present]
+    keep = [p for p in paths if p in present]
+    if keep:
+        data = subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar", rev, "--", *keep],
+            capture_output=True,
+            check=True,
+        ).stdout
+        with tempfile.TemporaryDirectory(prefix="hybrid-validate-") as tmp:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                tar.extractall(tmp, filter="data")
+            for top in sorted({PurePosixPath(p).parts[0] for p in keep}):
+                ws.put(Path(tmp) / top, top)
+    if gone:
+        ws.exec(["rm", "-f", "--", *gone])
+
+
+def _export(repo: Path, rev: str, into: Path) -> None:
+    """The tree of ``rev`` written to ``into``, plus the version file a build would generate."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", rev], capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    _version_file(into)
+
+
+def _version_file(checkout: Path) -> None:
+    # hatch-vcs and setuptools-scm write a version module at build time; the project is not
+    # built (it is put on sys.path as it is), so write what they would.
+    with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
+        data = tomllib.loads((checkout / "pyproject.toml").read_text(encoding="utf-8"))
+        tool = data.get("tool") or {}
+        hatch = ((tool.get("hatch") or {}).get("build") or {}).get("hooks") or {}
+        scm = tool.get("setuptools_scm") or {}
+        for rel in (
+            (hatch.get("vcs") or {}).get("version-file"),
+            scm.get("version_file"),
+            scm.get("write_to"),
+        ):
+            if isinstance(rel, str) and rel.endswith(".py"):
+                target = (checkout / rel).resolve()
+                if target.is_relative_to(checkout.resolve()) and not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(
+                        '__version__ = version = "0.0.0"\n'
+                        "__version_tuple__ = version_tuple = (0, 0, 0)\n"
+                    )
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _git(repo: Path, *args: str, check: bool = True) -> str:
+    if shutil.which("git") is None:
+        raise HybridError("git is needed to read the repository's commits")
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        if not check:
+            return ""
+        raise InvalidInput(
+            f"{display(repo)}: git {args[0]} failed: {done.stderr.strip()[-300:] or 'not a git repository'}"
+        )
+    return done.stdout
+
+
+__all__ = [
+    "FAILURES",
+    "Change",
+    "Run",
+    "Validation",
+    "change_of",
+    "is_test",
+    "validate",
+]

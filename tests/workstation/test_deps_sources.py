@@ -1,0 +1,50 @@
+"""Packages without a wheel (real engine, a real sdist-only package from the configured index):
+the source archive is fetched on the host without being built, pip resolves around a stand-in,
+and the package is built inside the sandbox with the network off. The project itself, run from
+the workspace, answers importlib.metadata like an installed one."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from hybrid import deps
+from hybrid.policy import SandboxSpec
+from hybrid.workstation.docker import client
+
+PYPROJECT = """[project]
+name = "demo-proj"
+version = "1.0"
+dependencies = ["docopt==0.6.2"]
+"""
+
+
+def test_sdist_only_package_is_built_inside(engine, tmp_path: Path) -> None:
+    repo = tmp_path / "demo"
+    (repo / "src" / "demo_proj").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text(PYPROJECT)
+    (repo / "src" / "demo_proj" / "__init__.py").write_text("VALUE = 42\n")
+    manifest = deps.plan(repo)
+    files = {a.filename for a in manifest.artifacts}
+    # The source archive enters; the stand-in wheel used for resolving never does.
+    assert "docopt-0.6.2.tar.gz" in files
+    assert not any(f.startswith("docopt-") and f.endswith(".whl") for f in files)
+    assert {"setuptools", "wheel"} <= {a.name for a in manifest.artifacts}  # its build needs
+    spec = SandboxSpec.model_validate(
+        {"tier": "docker", "budget": {"wall_seconds": 300, "memory": "1G", "pids": 256}}
+    )
+    ws = deps.up(engine, repo, spec)
+    layer = deps.installed(ws).layer
+    try:
+        probe = (
+            "import docopt, demo_proj, importlib.metadata as m; "
+            "print(docopt.__version__, demo_proj.VALUE, m.version('demo-proj'))"
+        )
+        ran = ws.exec(["python", "-B", "-c", probe])
+        assert ran.exit_code == 0, ran.stderr
+        assert ran.stdout.split() == ["0.6.2", "42", "0+unknown"]
+        assert ws.diff() == ""
+    finally:
+        ws.remove()
+        with contextlib.suppress(Exception):
+            client().api.remove_image(layer, force=True)

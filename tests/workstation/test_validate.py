@@ -1,0 +1,174 @@
+"""A real fix commit validated end to end (real engine, real packages from the configured index):
+humanize 823ad60, vendored in tests/agent/data, replayed as two commits of a fresh git
+repository. Its test change fails at the parent and passes with its source change; a commit
+whose tests already pass does not validate; nothing is left behind."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hybrid.errors import InvalidInput
+from hybrid.policy import SandboxSpec
+from hybrid.validate import change_of, is_test, validate
+from hybrid.workstation.docker import LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, client
+from hybrid.workstation.docker.labels import _owner
+
+DATA = Path(__file__).parent.parent / "agent" / "data" / "humanize-823ad60"
+# The project's own declaration, cut to what these tests import (pytest from the configured index).
+PYPROJECT = """[project]
+name = "humanize"
+dynamic = ["version"]
+requires-python = ">=3.10"
+optional-dependencies.tests = ["pytest"]
+"""
+ENV = {
+    "PATH": "/usr/bin:/bin",
+    "GIT_AUTHOR_NAME": "hybrid",
+    "GIT_AUTHOR_EMAIL": "test@hybrid.invalid",
+    "GIT_COMMITTER_NAME": "hybrid",
+    "GIT_COMMITTER_EMAIL": "test@hybrid.invalid",
+}
+
+
+def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=ENV, input=stdin, text=True, capture_output=True, check=True
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The parent commit (fix and test change reversed), then the real commit on top."""
+    root = tmp_path_factory.mktemp("validate") / "humanize"
+    shutil.copytree(DATA / "before", root)
+    (root / "pyproject.toml").write_text(PYPROJECT)
+    _git(root, "init", "-q")
+    _git(root, "apply", "-R", stdin=(DATA / "tests.diff").read_text())
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "parent")
+    _git(root, "apply", stdin=(DATA / "tests.diff").read_text())
+    _git(root, "apply", stdin=(DATA / "fix.diff").read_text())
+    _git(root, "commit", "-qam", "Fix naturalsize() rounding rollover at unit boundaries (#329)")
+    return root
+
+
+def _spec() -> SandboxSpec:
+    return SandboxSpec.model_validate(
+        {"tier": "docker", "budget": {"wall_seconds": 300, "memory": "1G", "pids": 256}}
+    )
+
+
+def _workstations() -> list[str]:
+    rows = client().api.containers(
+        all=True,
+        filters={
+            "label": [
+                f"{LABEL_MANAGED}=1",
+                f"{LABEL_KIND}=workstation",
+                f"{LABEL_OWNER}={_owner()}",
+            ]
+        },
+    )
+    return [row["Names"][0] for row in rows]
+
+
+def test_real_fix_commit_validates(engine, repo: Path) -> None:
+    before = _workstations()
+    result = validate(repo, "HEAD", spec=_spec(), backend=engine)
+    assert result.validated, (result.failure, result.reason, [r.tail[-800:] for r in result.runs])
+    assert result.tests == ["tests/test_filesize.py"]
+    assert result.source == ["src/humanize/filesize.py"]
+    # The six new cases go from failing to passing, and only they.
+    assert len(result.fail_to_pass) == 6
+    assert all("test_naturalsize" in t for t in result.fail_to_pass)
+    assert any("1.0 MB" in t for t in result.fail_to_pass)
+    states = {run.state: run for run in result.runs}
+    assert states["tests"].exit_code != 0 and states["fixed"].exit_code == 0
+    assert all(states["tests"].outcomes[t] == "failed" for t in result.fail_to_pass)
+    # Every test that passed at the parent still passes, and there are many.
+    assert len(result.pass_to_pass) >= 50 and result.broken == []
+    assert _workstations() == before
+
+
+def test_a_commit_whose_tests_already_pass_does_not_validate(engine, repo: Path) -> None:
+    """A source change the tests never noticed: no FAIL_TO_PASS, so it must not validate."""
+    target = repo / "src" / "humanize" / "filesize.py"
+    target.write_text(target.read_text() + "\n# a comment\n")
+    test = repo / "tests" / "test_filesize.py"
+    test.write_text(test.read_text() + "\n# another comment\n")
+    _git(repo, "commit", "-qam", "Touch the source and the tests")
+    try:
+        result = validate(repo, "HEAD", spec=_spec(), backend=engine)
+    finally:
+        _git(repo, "reset", "-q", "--hard", "HEAD~1")
+    assert not result.validated
+    assert result.fail_to_pass == []
+    assert result.failure == "other"
+    assert "already pass" in result.reason
+
+
+def test_commits_that_are_not_fixes_with_tests_are_bad_input(repo: Path, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="not a git repository"):
+        change_of(tmp_path, "HEAD")
+    with pytest.raises(InvalidInput, match="no commit"):
+        change_of(repo, "no-such-commit")
+    with pytest.raises(InvalidInput, match="exactly one parent"):
+        change_of(repo, _git(repo, "rev-list", "--max-parents=0", "HEAD").strip())
+    (repo / "README.md").write_text("docs\n")
+    _git(repo, "add", "README.md")
+    _git(repo, "commit", "-qm", "docs only")
+    try:
+        with pytest.raises(InvalidInput, match="must change test files and source code"):
+            change_of(repo, "HEAD")
+    finally:
+        _git(repo, "reset", "-q", "--hard", "HEAD~1")
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("tests/test_x.py", True),
+        ("src/pkg/test_x.py", True),
+        ("pkg/tests/helpers.py", True),
+        ("tests/fixtures/data.json", False),
+        ("lib/command.js", False),
+        ("tests/command.help.test.js", True),
+        ("src/pkg/testing_utils.txt", False),
+        ("src/pkg/core.py", False),
+    ],
+)
+def test_which_files_are_tests(path: str, expected: bool) -> None:
+    assert is_test(path) is expected
+
+
+def test_jest_report_gives_test_ids() -> None:
+    """jest --json's report (the shape jest 29 writes): one id per assertion, a file that did not
+    run is an error, pending tests are skipped."""
+    from hybrid.validate import _jest
+
+    report = {
+        "testResults": [
+            {
+                "name": "/workspace/tests/a.test.js",
+                "status": "failed",
+                "assertionResults": [
+                    {"fullName": "parse handles -1", "status": "failed"},
+                    {"fullName": "parse handles 1", "status": "passed"},
+                    {"fullName": "later", "status": "pending"},
+                ],
+            },
+            {"name": "/workspace/tests/b.test.js", "status": "failed", "assertionResults": []},
+        ]
+    }
+    import json
+
+    assert _jest(json.dumps(report).encode(), "/workspace") == {
+        "tests/a.test.js::parse handles -1": "failed",
+        "tests/a.test.js::parse handles 1": "passed",
+        "tests/a.test.js::later": "skipped",
+        "tests/b.test.js::": "error",
+    }
