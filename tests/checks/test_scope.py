@@ -227,10 +227,10 @@ def test_scope_and_json_take_a_path_keyword_and_refuse_a_file_name_as_text(
     monkeypatch.chdir(tmp_path)
     Path("fix.diff").write_text("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n")
     Path("doc.json").write_text('{"a": 1}\n')
-    with pytest.raises(InvalidInput, match="pass path='fix.diff'"):
+    with pytest.raises(InvalidInput, match=r"pass path='fix\.diff'"):
         scope("fix.diff")
     assert [f.path for f in scope(path="fix.diff").files] == ["x.py"]
-    with pytest.raises(InvalidInput, match="pass path='doc.json'"):
+    with pytest.raises(InvalidInput, match=r"pass path='doc\.json'"):
         check_json("doc.json")
     assert check_json(path="doc.json").valid_json
     # Redaction takes any text, a file name included; path= reads the file.
