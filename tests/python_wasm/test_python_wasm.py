@@ -453,6 +453,7 @@ def test_a_missing_module_names_the_container_tier() -> None:
     assert result.termination is Termination.NONZERO_EXIT
     assert "No module named 'numpy'" in result.detail
     assert "container tier" in result.detail
+    assert "`hybrid py modules` lists what is bundled" in result.detail, result.detail
 
 
 def test_probing_for_an_optional_module_still_works() -> None:

@@ -213,7 +213,7 @@ class _Unavailable:
             what = f"{name!r} is not installed in the python-wasm tier (standard library only)"
         error = ModuleNotFoundError(
             f"No module named {name!r}: {what}; run code that needs it in the container tier "
-            "(tier=docker), see docs/python-stdlib.md for what is bundled",
+            "(tier=docker); `hybrid py modules` lists what is bundled",
             name=name,
         )
         raise error
