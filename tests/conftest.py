@@ -159,7 +159,9 @@ def hybrid_cli(
 
 def _via_server(*args: str, stdin: bytes = b"") -> CliResult:
     entry = "import sys; from hybrid.server.client import main; sys.exit(main())"
+    # The switch itself is no configuration: with it the client would look for another server.
+    env = {k: v for k, v in os.environ.items() if k != "HYBRID_TEST_VIA_SERVER"}
     done = subprocess.run(
-        [sys.executable, "-c", entry, *args], input=stdin, capture_output=True, timeout=300
+        [sys.executable, "-c", entry, *args], input=stdin, capture_output=True, env=env, timeout=300
     )
     return done.returncode, done.stdout.decode(), done.stderr.decode()
