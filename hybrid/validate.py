@@ -363,7 +363,10 @@ class _Runner:
         command = command.replace("{workspace}", ws.spec.workspace)
         report = f"{ws.spec.workspace}/{_REPORT}"
         mark = time.monotonic()
-        done = ws.exec(["/bin/sh", "-c", f"rm -f {report}; {command}"], timeout=self.timeout)
+        # Each run starts from an empty /tmp: a file an earlier state left there (requests
+        # extracts a zipped test file to /tmp once and reuses it) must not decide this one.
+        fresh = f"rm -rf /tmp/* /tmp/.[!.]* 2>/dev/null; rm -f {report}"
+        done = ws.exec(["/bin/sh", "-c", f"{fresh}; {command}"], timeout=self.timeout)
         seconds = time.monotonic() - mark
         outcomes: dict[str, str] = {}
         if self.report:
