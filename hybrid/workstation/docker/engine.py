@@ -49,7 +49,7 @@ def _stream_client() -> docker.APIClient:
 def _unreachable(exc: BaseException) -> str:
     where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-    return f"no Docker engine at {where} ({first}); start one with scripts/engine.sh"
+    return f"no Docker engine at {where} ({first}); start one with: hybrid engine install"
 
 
 @contextlib.contextmanager
