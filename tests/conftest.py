@@ -23,6 +23,9 @@ from hybrid.tiers.container import container_tiers
 # A private cache per session, so tests neither read nor pollute the user's compiled-module cache.
 os.environ.setdefault("HYBRID_CACHE_DIR", tempfile.mkdtemp(prefix="hybrid-test-cache-"))
 os.environ.setdefault("HYBRID_STATE_DIR", tempfile.mkdtemp(prefix="hybrid-test-state-"))
+# A `hybrid` console process a test starts runs in process: no resident server outlives the
+# session (tests/server starts its own, and says where).
+os.environ.setdefault("HYBRID_NO_SERVER", "1")
 
 REQUIRE_ENGINE = os.environ.get("HYBRID_REQUIRE_ENGINE") == "1"
 RUNTIMES = {t.runtime: t.name for t in container_tiers()}
@@ -160,7 +163,11 @@ def hybrid_cli(
 def _via_server(*args: str, stdin: bytes = b"") -> CliResult:
     entry = "import sys; from hybrid.server.client import main; sys.exit(main())"
     # The switch itself is no configuration: with it the client would look for another server.
-    env = {k: v for k, v in os.environ.items() if k != "HYBRID_TEST_VIA_SERVER"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HYBRID_TEST_VIA_SERVER", "HYBRID_NO_SERVER")
+    }
     done = subprocess.run(
         [sys.executable, "-c", entry, *args], input=stdin, capture_output=True, env=env, timeout=300
     )
