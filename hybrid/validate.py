@@ -257,7 +257,7 @@ def _validate_in(
         if rerun.outcomes != decided.outcomes and decided.outcomes:
             result.failure, result.reason = "flaky", f"{result.reason}; a second run disagreed"
         else:
-            result.failure = _classify(result.runs) or "other"
+            result.failure = _classify(result, before, fixed) or "other"
     result.seconds["tests"] = time.monotonic() - mark
 
 
@@ -287,8 +287,19 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
         result.validated = True
 
 
-def _classify(runs: list[Run]) -> Failure | None:
-    text = "\n".join(r.tail for r in runs)
+def _classify(result: Validation, before: Run | None, fixed: Run) -> Failure | None:
+    """The environment's signs in the output, when failures that decided the result show them.
+
+    Tests that already failed at the parent (a connect timeout with the network off) fail after
+    the fix too; they decide nothing, so their network errors in the output say nothing either.
+    """
+    failed_before = {
+        t for t, o in (before.outcomes if before else {}).items() if o in ("failed", "error")
+    }
+    decisive = {t for t, o in fixed.outcomes.items() if o in ("failed", "error")} - failed_before
+    if fixed.outcomes and not decisive and not result.broken:
+        return None
+    text = "\n".join(r.tail for r in result.runs)
     for failure, pattern in _SIGNS:
         if pattern.search(text):
             return failure
@@ -420,6 +431,8 @@ def _jest(report: bytes, workspace: str) -> dict[str, str]:
 def _junit(report: bytes, workspace: str = "") -> dict[str, str]:
     outcomes: dict[str, str] = {}
     for case in ET.fromstring(report).iter("testcase"):
+        if not case.get("name"):
+            continue  # pytest's INTERNALERROR record, not a test
         where = case.get("file") or case.get("classname") or ""
         test_id = f"{where}::{case.get('classname', '')}::{case.get('name', '')}"
         outcome = "passed"
