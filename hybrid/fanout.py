@@ -14,8 +14,11 @@ a job's own error (a ``HybridError``) is raised as itself.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import ipaddress
 import logging
+import signal
 import socket
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -125,15 +128,37 @@ def connect(address: str) -> None:
     except ValueError:
         node_ip = None
     try:
-        ray.init(
-            address=address,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-            configure_logging=False,
-            _node_ip_address=node_ip,
-        )
+        with _fault_handlers_kept():
+            ray.init(
+                address=address,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+                configure_logging=False,
+                _node_ip_address=node_ip,
+            )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise EngineUnavailable(f"no Ray cluster at {address}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _fault_handlers_kept() -> Iterator[None]:
+    """Keep this process's SIGILL/SIGSEGV/SIGBUS/SIGFPE handlers across the block.
+
+    ray.init installs its crash handlers over them; wasmtime turns a guest's trap into a
+    SIGILL or SIGSEGV that its own handler catches, so with Ray's in place an in-process wasm
+    trap (a memory bomb hitting its cap) killed the whole process with "Illegal instruction".
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    kept = {}
+    for sig in (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE):
+        action = ctypes.create_string_buffer(512)  # a struct sigaction, opaque, oversized
+        if libc.sigaction(int(sig), None, action) == 0:
+            kept[sig] = action
+    try:
+        yield
+    finally:
+        for sig, action in kept.items():
+            libc.sigaction(int(sig), action, None)
 
 
 def fan_out(

@@ -151,3 +151,36 @@ def test_a_killed_nodes_jobs_are_retried_elsewhere() -> None:
         finally:
             ray.shutdown()
     assert not _leftovers(cluster)
+
+
+TRAP_AFTER_CONNECT = """
+import sys, wasmtime
+from hybrid import fanout
+
+def trap():
+    engine = wasmtime.Engine()
+    store = wasmtime.Store(engine)
+    module = wasmtime.Module(engine, '(module (func (export "f") unreachable))')
+    try:
+        wasmtime.Instance(store, module, []).exports(store)["f"](store)
+    except wasmtime.Trap:
+        print("trapped", flush=True)
+
+trap()  # wasmtime's fault handlers are in place before Ray's arrive
+fanout.connect(sys.argv[1])
+trap()
+"""
+
+
+def test_connecting_to_ray_keeps_the_in_process_wasm_tier_alive(cluster: LocalCluster) -> None:
+    """ray.init installs crash handlers over wasmtime's: a wasm trap after connecting killed
+    the whole process with SIGILL (the CI suite died at the wasm memory bomb). In a child
+    process, so a regression fails this test instead of ending the suite."""
+    done = subprocess.run(
+        [sys.executable, "-c", TRAP_AFTER_CONNECT, cluster.address],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "trapped\ntrapped\n"
