@@ -140,11 +140,19 @@ def connect(address: str) -> None:
         raise EngineUnavailable(f"no Ray cluster at {address}: {exc}") from None
 
 
+def disconnect() -> None:
+    """Leave the Ray cluster (``ray.shutdown``), keeping this process's fault handlers."""
+    import ray
+
+    with _fault_handlers_kept():
+        ray.shutdown()
+
+
 @contextlib.contextmanager
 def _fault_handlers_kept() -> Iterator[None]:
     """Keep this process's SIGILL/SIGSEGV/SIGBUS/SIGFPE handlers across the block.
 
-    ray.init installs its crash handlers over them; wasmtime turns a guest's trap into a
+    ray.init and ray.shutdown install their crash handlers over them; wasmtime turns a guest's trap into a
     SIGILL or SIGSEGV that its own handler catches, so with Ray's in place an in-process wasm
     trap (a memory bomb hitting its cap) killed the whole process with "Illegal instruction".
     """

@@ -19,7 +19,14 @@ import pytest
 import ray
 
 from hybrid.errors import ContextError, ExecTimeout, PolicyViolation
-from hybrid.fanout import FanOutReport, LocalizationJob, PythonJob, WorkstationJob, fan_out
+from hybrid.fanout import (
+    FanOutReport,
+    LocalizationJob,
+    PythonJob,
+    WorkstationJob,
+    disconnect,
+    fan_out,
+)
 from hybrid.policy import NetworkPolicy, SandboxSpec
 from hybrid.raylocal import LocalCluster
 
@@ -35,7 +42,7 @@ def _cluster() -> LocalCluster:
 def cluster() -> Iterator[LocalCluster]:
     with _cluster() as made:
         yield made
-        ray.shutdown()
+        disconnect()
 
 
 def _leftovers(cluster: LocalCluster) -> list[int]:
@@ -131,7 +138,7 @@ def test_eval_on_ray_scores_as_in_process(cluster: LocalCluster) -> None:
 
 
 def test_a_killed_nodes_jobs_are_retried_elsewhere() -> None:
-    ray.shutdown()  # this test's own cluster: it kills a node
+    disconnect()  # this test's own cluster: it kills a node
     with _cluster() as cluster:
         try:
             report = FanOutReport()
@@ -149,7 +156,7 @@ def test_a_killed_nodes_jobs_are_retried_elsewhere() -> None:
             alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
             assert len(alive) == 1
         finally:
-            ray.shutdown()
+            disconnect()
     assert not _leftovers(cluster)
 
 
@@ -169,6 +176,8 @@ def trap():
 trap()  # wasmtime's fault handlers are in place before Ray's arrive
 fanout.connect(sys.argv[1])
 trap()
+fanout.disconnect()
+trap()
 """
 
 
@@ -183,4 +192,4 @@ def test_connecting_to_ray_keeps_the_in_process_wasm_tier_alive(cluster: LocalCl
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == "trapped\ntrapped\n"
+    assert done.stdout == "trapped\ntrapped\ntrapped\n"
