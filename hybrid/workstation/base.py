@@ -30,6 +30,14 @@ OutputCallback = Callable[[str, bytes], None]
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
+def command_argv(cmd: str | Sequence[str]) -> list[str]:
+    """The argv of a workstation command: a string runs through ``/bin/sh -c``; empty is refused."""
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    if not argv:
+        raise InvalidInput("empty command")
+    return argv
+
+
 def check_name(name: str) -> str:
     """Validate a workstation or snapshot name."""
     if not _NAME.match(name):

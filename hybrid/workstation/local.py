@@ -45,6 +45,7 @@ from hybrid.workstation.base import (
     OutputCallback,
     WorkstationInfo,
     check_name,
+    command_argv,
 )
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.egress import EgressEvent
@@ -89,9 +90,7 @@ class LocalWorkstation:
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv) in the workspace; the deadline kills its group."""
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise InvalidInput("empty command")
+        argv = command_argv(cmd)
         self._live()
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         cwd = self._host(workdir or self.spec.workspace)

@@ -37,6 +37,7 @@ from hybrid.workstation.base import (
     OutputCallback,
     WorkstationInfo,
     check_name,
+    command_argv,
 )
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.bwrap import cgroups, rootfs, sandbox, workspace
@@ -86,9 +87,7 @@ class BwrapWorkstation:
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv); the deadline kills its whole pid namespace."""
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise InvalidInput("empty command")
+        argv = command_argv(cmd)
         self._live()
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         cwd = str(

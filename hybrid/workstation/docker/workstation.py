@@ -21,7 +21,7 @@ from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.tiers.container import tier_of
 from hybrid.workstation import archive, cgroup, disk, state
-from hybrid.workstation.base import AttachCommand, check_name
+from hybrid.workstation.base import AttachCommand, check_name, command_argv
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.docker import services
 from hybrid.workstation.docker.egress import egress_log
@@ -102,9 +102,7 @@ class DockerWorkstation:
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv); the deadline kills every process inside."""
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise InvalidInput("empty command")
+        argv = command_argv(cmd)
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         if workdir is not None and not workdir.startswith("/"):
             workdir = f"{self.spec.workspace}/{workdir}"

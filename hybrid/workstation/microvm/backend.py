@@ -44,6 +44,7 @@ from hybrid.workstation.base import (
     OutputCallback,
     WorkstationInfo,
     check_name,
+    command_argv,
 )
 from hybrid.workstation.local import LocalWorkstation
 from hybrid.workstation.microvm import build, vm
@@ -102,9 +103,7 @@ class MicrovmWorkstation(LocalWorkstation):
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` in the guest; the deadline kills its whole cgroup there."""
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise InvalidInput("empty command")
+        argv = command_argv(cmd)
         self._live()
         refused = sorted(set(env or {}) - set(self.spec.env.allow))
         if refused:
