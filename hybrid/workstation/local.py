@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Self
 
+from hybrid import owner
 from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, WorkstationNotFound
 from hybrid.owner import start_time
 from hybrid.paths import state_dir
@@ -404,7 +405,7 @@ class LocalBackend:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 meta = json.loads((home / "meta.json").read_text())
                 pid, started = meta["owner"].split(":")
-                alive = start_time(int(pid)) == started
+                alive = owner.alive(int(pid), started)  # a zombie owner is gone too
                 if everything or (not meta["persistent"] and not alive):
                     shutil.rmtree(home, ignore_errors=True)
                     report.containers.append(meta["name"])

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hybrid import owner
 from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, WorkstationNotFound
 from hybrid.owner import start_time
 from hybrid.paths import state_dir
@@ -66,10 +67,10 @@ def _owner() -> str:
     return f"{os.getpid()}:{start_time(os.getpid())}"
 
 
-def _alive(owner: str) -> bool:
+def _alive(mark: str) -> bool:
     with contextlib.suppress(ValueError):
-        pid, started = owner.split(":")
-        return bool(started) and start_time(int(pid)) == started
+        pid, started = mark.split(":")
+        return bool(started) and owner.alive(int(pid), started)  # a zombie owner is gone too
     return False
 
 
