@@ -124,7 +124,9 @@ def project(path: Path | None) -> Path:
     if path is not None:
         return path.resolve()
     name, version = PROJECT
-    root = cache_dir("bench") / f"{name}-{version}"
+    # Not under the cache directory: the toolkit's own state is a secret path no repository
+    # may be read from, and this one goes into every tier as a repository.
+    root = Path(tempfile.gettempdir()) / "hybrid-bench" / f"{name}-{version}"
     if (root / "tests").is_dir():
         return root
     with tempfile.TemporaryDirectory() as tmp:
