@@ -57,12 +57,12 @@ def test_fork_bomb(sandbox: Driver) -> None:
     attack = Attack(shell="b() { b | b & }; b; sleep 30")
     result, elapsed = timed(lambda: damaging(sandbox, attack, wall_seconds=3, pids=64))
     # runc: the pids cap makes fork fail (the shell gives up, or the deadline ends it); gVisor:
-    # a pids breach kills the whole sandbox.
-    assert result.termination in (
-        Termination.TIMEOUT,
-        Termination.ERROR,
-        Termination.NONZERO_EXIT,
-    ), result
+    # a pids breach kills the whole sandbox, and so can the memory cap its sentry reaches
+    # first on a slow host (each forked shell costs the sentry memory of its own).
+    contained = {Termination.TIMEOUT, Termination.ERROR, Termination.NONZERO_EXIT}
+    if sandbox.tier == "gvisor":
+        contained.add(Termination.OUT_OF_MEMORY)
+    assert result.termination in contained, result
     assert elapsed < 3 + sandbox.slack
 
 

@@ -19,7 +19,9 @@ from server_kit import Server, gone, wait_for
 
 @pytest.fixture(scope="module")
 def runtime_dir() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="hsrv-") as made:
+    # Under /tmp rather than $TMPDIR: the other-user test needs every directory above the socket
+    # searchable by nobody (CI's TMPDIR is not), and a socket path must stay under 108 bytes.
+    with tempfile.TemporaryDirectory(prefix="hsrv-", dir="/tmp") as made:
         yield Path(made)
 
 

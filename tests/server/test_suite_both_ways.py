@@ -23,10 +23,6 @@ SUITE = [
     "tests/core/test_policy.py",
 ]
 
-# Arguments past the kernel's per-argument limit (MAX_ARG_STRLEN) only exist in process: no
-# `hybrid` process, server or not, can be started with them.
-IN_PROCESS_ONLY = "tests/core/test_bad_input.py::test_malformed_and_oversized_arguments"
-
 pytestmark = pytest.mark.slow
 
 
@@ -43,8 +39,6 @@ def test_cli_tests_pass_through_the_server(server: Server) -> None:
             "-p",
             "no:cacheprovider",
             *SUITE,
-            "--deselect",
-            IN_PROCESS_ONLY,
         ],
         cwd=ROOT,
         env=env,

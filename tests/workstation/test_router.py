@@ -4,6 +4,7 @@ and the cheap tiers really run through hybrid.router.run."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,19 +110,35 @@ def test_run_a_wasi_module_on_the_wasm_tier():
 
 
 def test_run_with_the_engine_down_exits_5(tmp_path):
-    """`hybrid run -- CMD` with no Docker engine reachable: exit 5 (engine unavailable), one line."""
+    """No tier that can run a command is reachable (no engine, no bwrap on PATH): exit 5, one line.
+    The same for `--tier docker` alone, while bwrap, which needs no engine, still runs it."""
     import os
     import subprocess
     import sys
 
+    no_bwrap = tmp_path / "bin"
+    no_bwrap.mkdir()
+    for tool in ("sh", "setpriv", "git"):
+        found = shutil.which(tool)
+        if found:
+            (no_bwrap / tool).symlink_to(found)
     env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"}
-    done = subprocess.run(
-        [sys.executable, "-m", "hybrid", "run", "--", "make", "test"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+
+    def run(*argv: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hybrid", "run", *argv],
+            capture_output=True,
+            text=True,
+            env={**env, "PATH": path} if path else env,
+            timeout=120,
+        )
+
+    done = run("--", "make", "test", path=str(no_bwrap))
     assert done.returncode == 5, done.stderr
     assert done.stderr.startswith("hybrid: error: no tier that can run this job is available")
     assert len(done.stderr.splitlines()) == 1 and "no-such.sock" in done.stderr
+    done = run("--tier", "docker", "--", "true")
+    assert done.returncode == 5, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "no-such.sock" in done.stderr
+    if shutil.which("bwrap"):
+        assert run("--tier", "bwrap", "--", "true").returncode == 0

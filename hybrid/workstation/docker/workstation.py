@@ -194,7 +194,7 @@ class DockerWorkstation:
             stderr=err.decode("utf-8", errors="replace"),
             stdout_truncated=cut["stdout"],
             stderr_truncated=cut["stderr"],
-            usage=_usage(wall_ms, used, termination),
+            usage=_usage(wall_ms, used, termination, self.spec.budget.memory),
             detail=detail,
         )
 
@@ -614,16 +614,23 @@ class DockerWorkstation:
         return f"<DockerWorkstation {self.name} {self.runtime} {self.id[:12]}>"
 
 
-def _usage(wall_ms: float, used: cgroup.Delta, termination: Termination) -> Usage:
+def _usage(wall_ms: float, used: cgroup.Delta, termination: Termination, cap: int) -> Usage:
     cpu = (
         None
         if used.cpu_user_seconds is None or used.cpu_system_seconds is None
         else (used.cpu_user_seconds + used.cpu_system_seconds) * 1000
     )
-    oom = used.oom_events
+    oom, peak = used.oom_events, used.peak_memory_bytes
     if termination is Termination.OUT_OF_MEMORY:
-        oom = max(oom or 0, 1)  # gVisor's whole sandbox died, and its counters with it
-    return Usage(wall_ms=wall_ms, cpu_ms=cpu, **{**used._asdict(), "oom_events": oom})
+        # gVisor's whole sandbox died, and its counters with it, sometimes before the first
+        # poll: an OOM kill of the group still means the group reached its cap.
+        oom = max(oom or 0, 1)
+        peak = max(peak or 0, cap)
+    return Usage(
+        wall_ms=wall_ms,
+        cpu_ms=cpu,
+        **{**used._asdict(), "oom_events": oom, "peak_memory_bytes": peak},
+    )
 
 
 def _add_dir(tar: tarfile.TarFile, name: str, owner: tuple[int, int]) -> None:
