@@ -13,6 +13,7 @@ import base64
 import contextlib
 import ctypes
 import functools
+import hashlib
 import json
 import os
 import queue
@@ -20,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -36,6 +38,12 @@ BOOT_SECONDS = float(os.environ.get("HYBRID_MICROVM_BOOT_SECONDS", "120"))
 _PR_SET_PDEATHSIG = 1
 
 
+MACHINE = "microvm,x-option-roms=off,rtc=on,pic=off,pit=off,isa-serial=on"
+"""QEMU's machine. rtc=on: without a CMOS clock the guest kernel waits a second for one twice
+(timekeeping, then the rtc_cmos probe), a third of a cold boot under TCG. A snapshot restores only
+into the machine it was taken on, so this string is part of a template's key."""
+
+
 @dataclass(frozen=True)
 class Shape:
     """What a VM's migration stream depends on besides the artifacts."""
@@ -45,7 +53,8 @@ class Shape:
     shares: int
 
     def key(self, artifacts: Artifacts) -> str:
-        return f"{artifacts.key}-m{self.memory_mib}-c{self.cpus}-s{self.shares}"
+        machine = hashlib.sha256(MACHINE.encode()).hexdigest()[:8]
+        return f"{artifacts.key}-{machine}-m{self.memory_mib}-c{self.cpus}-s{self.shares}"
 
 
 @dataclass
@@ -112,7 +121,7 @@ def argv(
     args = [
         QEMU,
         "-M",
-        "microvm,x-option-roms=off,rtc=off,pic=off,pit=off,isa-serial=on",
+        MACHINE,
         "-accel",
         accelerator,
         "-cpu",
@@ -175,6 +184,11 @@ class Machine:
     ) -> None:
         self.home = home
         self.shape = shape
+        if len(os.fsencode(home / "agent.sock")) > 107:
+            raise WorkstationError(
+                f"{home} is too deep for the VM's Unix sockets (107 bytes at most): "
+                "point HYBRID_STATE_DIR or HYBRID_MICROVM_CACHE at a shorter directory"
+            )
         home.mkdir(parents=True, exist_ok=True)
         for stale in ("agent.sock", "qmp.sock"):
             with contextlib.suppress(FileNotFoundError):
@@ -441,8 +455,8 @@ def template(artifacts: Artifacts, shape: Shape) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = target.parent / f".{key}.{os.getpid()}.{threading.get_ident()}"
-    scratch.mkdir(parents=True)
+    # A short name: QEMU's sockets live in it, and a Unix socket path has 107 bytes at most.
+    scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
         empty = scratch / "empty"
         empty.mkdir()
