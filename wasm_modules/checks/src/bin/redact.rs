@@ -116,7 +116,26 @@ const RULES: &[Rule] = &[
         kind: "assignment",
         pattern: r#"(?i)([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_\-]?key|apikey|access[_\-]?key|private[_\-]?key|credentials?|session[_\-]?id|cookie)[A-Za-z0-9_.\-]*["']?\s*(?:=|:|=>)\s*)("[^"\n]*"|'[^'\n]*'|[^\s,;'"\[(<{][^\s,;'"]*)"#,
         secret: 2,
-        hints: &["passw", "pwd", "secret", "token", "key", "credential", "session", "cookie"],
+        // Each spelling of the `key` names, not bare "key": KeyError and keys() are in most
+        // Python evidence, and this pattern is the costliest to compile.
+        hints: &[
+            "passw",
+            "pwd",
+            "secret",
+            "token",
+            "apikey",
+            "api_key",
+            "api-key",
+            "accesskey",
+            "access_key",
+            "access-key",
+            "privatekey",
+            "private_key",
+            "private-key",
+            "credential",
+            "session",
+            "cookie",
+        ],
     },
 ];
 
@@ -178,7 +197,11 @@ impl Redactor {
 
     fn entropy(&mut self, text: String) -> String {
         // Base64/base64url runs of 24+ chars, and hex runs of 32+; an optional digest prefix
-        // (`sha256:`) marks a public content hash, which is kept.
+        // (`sha256:`) marks a public content hash, which is kept. Most text has no such run:
+        // then the pattern is not even compiled.
+        if !has_run(&text, 24) {
+            return text;
+        }
         let re = Regex::new(r"(sha(?:1|256|384|512)[:=])?\b([A-Za-z0-9+/_\-]{24,}={0,2})")
             .expect("entropy");
         let mut hits = 0u64;
@@ -198,6 +221,22 @@ impl Redactor {
         }
         out
     }
+}
+
+/// Whether `text` holds `min` consecutive base64/base64url characters (the entropy rule's token).
+fn has_run(text: &str, min: usize) -> bool {
+    let mut run = 0;
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'_' | b'-') {
+            run += 1;
+            if run >= min {
+                return true;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    false
 }
 
 fn is_placeholder(value: &str) -> bool {
