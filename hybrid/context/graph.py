@@ -192,6 +192,7 @@ def build_graph(files: dict[str, Slim]) -> Graph:
             definers.setdefault(key, []).append(i)
     symbols = sorted(definers)
     sym_id = {key: j for j, key in enumerate(symbols)}
+    sym_definers = [definers[key] for key in symbols]
     by_name: dict[str, list[int]] = {}
     for j, key in enumerate(symbols):
         by_name.setdefault(bare(key), []).append(j)
@@ -232,7 +233,7 @@ def build_graph(files: dict[str, Slim]) -> Graph:
         _lang, own, refs, _specs, tf, _n, _err = files[p]
         imported = imports[i]
         mine: dict[str, list[int]] | None = None  # name -> this file's keys, on first need
-        seen: dict[str, list[int]] | None = None  # ... and those of the files it imports
+        near: set[int] | None = None  # the files it imports, on first need
         # references: file -> symbol (dict order is the parse order: deterministic)
         for name, count in refs.items():
             ids = by_name.get(name, [])
@@ -243,11 +244,11 @@ def build_graph(files: dict[str, Slim]) -> Graph:
                     mine = _keys_by_name(own, sym_id)
                 local = mine.get(name)
                 if local is None:
-                    if seen is None:
-                        seen = _keys_by_name(
-                            sorted({k for t in imported for k in files[paths[t]].names}), sym_id
-                        )
-                    local = seen.get(name)
+                    # The definitions of the name in the files this one imports: checked from
+                    # the name's side, so a file importing half the repository costs no more.
+                    if near is None:
+                        near = set(imported)
+                    local = [j for j in ids if not near.isdisjoint(sym_definers[j])]
                 ids = local or (ids if len(ids) <= MAX_FANOUT else [])
             w = sqrt(count) * name_weight[name] / max(1, len(ids))
             for j in ids:
