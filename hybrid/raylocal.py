@@ -54,7 +54,15 @@ class LocalCluster:
     def __init__(self, nodes: int = 2, cpus: int = 1, env: dict[str, str] | None = None) -> None:
         self.nodes = nodes
         self.cpus = cpus
-        self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+        # The authentication mode said outright: left to itself, Ray picks it per process from
+        # whether ~/.ray/auth_token exists (any local ray.init writes one), and a second node that
+        # finds the file cannot join a head that started without it. No token: this is a
+        # test and benchmark cluster on loopback node addresses, and a token would have to reach
+        # every client process (Ray's loader caches the first one a process sees).
+        self.auth = {"RAY_AUTH_MODE": "disabled"}
+        """What a client of this cluster needs in its environment (``with`` sets it here)."""
+        self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0", **self.auth}
+        self._saved: dict[str, str | None] = {}
         self.temp_dir = Path(tempfile.mkdtemp(prefix="hybrid-ray-", dir="/tmp"))
         self.port = _free_port()
         self.address = f"{self.ip(0)}:{self.port}"
@@ -162,7 +170,22 @@ class LocalCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
-        return self.start()
+        """Start the cluster and let this process (and what it starts) connect as a client."""
+        self._saved = {key: os.environ.get(key) for key in self.auth}
+        os.environ.update(self.auth)
+        try:
+            return self.start()
+        except BaseException:
+            self._restore()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+        self._restore()
+
+    def _restore(self) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
