@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from hybrid.errors import EngineUnavailable
+from hybrid.fanout import NODE_CPUS
 
 START_TIMEOUT = 180.0
 """Seconds one ``ray start`` may take on a loaded machine."""
@@ -67,6 +68,13 @@ class LocalCluster:
         self.port = _free_port()
         self.address = f"{self.ip(0)}:{self.port}"
 
+    def node_cpus(self, node: int) -> str:
+        """The host CPUs node ``node`` stands for: ``cpus`` of them, dealt round robin."""
+        allowed = sorted(os.sched_getaffinity(0))
+        return ",".join(
+            str(allowed[(node * self.cpus + k) % len(allowed)]) for k in range(self.cpus)
+        )
+
     @staticmethod
     def ip(node: int) -> str:
         return f"127.0.0.{node + 2}"
@@ -98,7 +106,11 @@ class LocalCluster:
                 else:
                     argv = [*ray, f"--address={self.address}", *common]
                 done = subprocess.run(
-                    argv, env=self.env, capture_output=True, text=True, timeout=START_TIMEOUT
+                    argv,
+                    env={**self.env, NODE_CPUS: self.node_cpus(node)},
+                    capture_output=True,
+                    text=True,
+                    timeout=START_TIMEOUT,
                 )
                 if done.returncode != 0:
                     raise EngineUnavailable(
