@@ -33,9 +33,11 @@ from hybrid.raylocal import LocalCluster
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
-def _cluster() -> LocalCluster:
+def _cluster(home: Path | None = None) -> LocalCluster:
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return LocalCluster(nodes=2, cpus=1, env={"PYTHONPATH": path})
+    return LocalCluster(
+        nodes=2, cpus=1, env={"PYTHONPATH": path, **({"HOME": str(home)} if home else {})}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +139,13 @@ def test_eval_on_ray_scores_as_in_process(cluster: LocalCluster) -> None:
     assert other["solved_at_step"] == {"2": other["problems"] * 2}
 
 
-def test_a_killed_nodes_jobs_are_retried_elsewhere() -> None:
+def test_a_killed_nodes_jobs_are_retried_elsewhere(tmp_path: Path) -> None:
     disconnect()  # this test's own cluster: it kills a node
-    with _cluster() as cluster:
+    # ... whose nodes also find a ~/.ray/auth_token (any local ray.init writes one): the second
+    # node must still join the head.
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0" * 64)
+    with _cluster(home=tmp_path) as cluster:
         try:
             report = FanOutReport()
             jobs = [PythonJob(source=f"import time\ntime.sleep(1)\nprint({i})") for i in range(24)]
