@@ -88,6 +88,22 @@ def _fresh(tmp_path: Path, *options: str) -> Server:
     return Server(tmp_path / "run", *options)
 
 
+def test_first_use_runs_here_then_starts_a_server(tmp_path: Path) -> None:
+    """No server yet: the command runs in its own process, and a server starts once it is done
+    (not beside it, where its warm-up would take this run's cores); the next command uses it."""
+    made = _fresh(tmp_path)
+    done = made.hybrid("py", "eval", "print(6 * 7)")
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr
+    try:
+        wait_for(lambda: made.status() is not None, 300, "the server started on first use")
+        served = (made.status() or {})["commands"]
+        again = made.hybrid("py", "eval", "print(6 * 7)")
+        assert again.returncode == 0 and again.stdout == "42\n", again.stderr
+        assert (made.status() or {})["commands"] > served
+    finally:
+        made.stop()
+
+
 def test_idle_server_exits_and_removes_its_socket(tmp_path: Path) -> None:
     made = _fresh(tmp_path, "--idle", "10", "--pool-size", "0", "--workers", "1")
     made.start()
