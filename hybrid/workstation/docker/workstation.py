@@ -67,6 +67,10 @@ if TYPE_CHECKING:
     from hybrid.workstation.egress import EgressEvent
 
 
+_REAP_POLLS = 40
+"""exec_inspect calls (5 ms apart) an exec that ended its output may take to be reaped."""
+
+
 class DockerWorkstation:
     """One hardened container with a workspace volume; see the module docstring."""
 
@@ -172,6 +176,7 @@ class DockerWorkstation:
             stream.close()
             backstop.stop()
         wall_ms = (time.time() - start) * 1000
+        code = self._exit_code(exec_id)
         after = meter.sample() if meter is not None else None
         if meter is not None:
             meter.close()
@@ -179,7 +184,7 @@ class DockerWorkstation:
         # supervisor's last sample is the nearest to the end there is.
         used = cgroup.delta(before, after or supervisor.last_sample)
         termination, exit_code, detail = self._classify(
-            exec_id, supervisor, start, deadline, bytes(err)
+            code, supervisor, start, deadline, bytes(err)
         )
         termination, detail = self._disk_limit(termination, detail, bytes(err))
         if termination in (Termination.OK, Termination.NONZERO_EXIT) and (
@@ -209,15 +214,30 @@ class DockerWorkstation:
             return meter
         return None
 
+    def _exit_code(self, exec_id: str) -> int | None:
+        """The exec's exit code once the engine has reaped it (None: no record, or not yet).
+
+        Waiting for the reap matters to the metrics too: a process's output closes before the
+        kernel charges its last slice of CPU time to the cgroup, so a sample taken at end of
+        output could miss a tenth of a second on a loaded host."""
+        api = client().api
+        with translate(f"exec in {self.name}"):
+            for _ in range(_REAP_POLLS):
+                try:
+                    info = api.exec_inspect(exec_id)
+                except errors.NotFound:
+                    return None  # the engine drops exec records when the container stops
+                if not info.get("Running"):
+                    break
+                time.sleep(0.005)
+        code = info.get("ExitCode")
+        return None if code is None else int(code)
+
     def _classify(
-        self, exec_id: str, supervisor: _Supervisor, start: float, deadline: float, err: bytes
+        self, code: int | None, supervisor: _Supervisor, start: float, deadline: float, err: bytes
     ) -> tuple[Termination, int | None, str]:
         api = client().api
         with translate(f"exec in {self.name}"):
-            try:
-                code = api.exec_inspect(exec_id).get("ExitCode")
-            except errors.NotFound:
-                code = None  # the engine drops exec records when the container stops
             # The watchdog inside may beat the supervisor by a moment on a loaded host.
             overran = code in (None, 137) and time.time() - start >= deadline
             if supervisor.timed_out or overran:
