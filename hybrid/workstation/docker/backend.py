@@ -173,6 +173,7 @@ class DockerBackend:
                 if secret_env:
                     state.save_env(state.directory("workstations", container_id), secret_env)
                 api.start(container_id)
+                ws = DockerWorkstation(client().containers.get(container_id), self)
             except BaseException:
                 if container_id is not None:
                     with contextlib.suppress(errors.DockerException):
@@ -186,7 +187,6 @@ class DockerBackend:
                     with contextlib.suppress(WorkstationError):
                         services.remove_all(name)
                 raise
-            ws = DockerWorkstation(client().containers.get(container_id), self)
         if repo is not None:
             try:
                 ws.copy_repo(Path(repo))
