@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 from pathlib import Path
@@ -54,6 +55,22 @@ def alive(pid: int, started: str) -> bool:
     except (OSError, IndexError):
         return False
     return len(fields) > 19 and fields[0] != "Z" and fields[19] == started
+
+
+def mark_alive(mark: str) -> bool:
+    """Whether the process a mark names still runs. Every form in use is read: ``<pid>-<start>``
+    (``mark()``), ``<pid>:<start>`` and the engine labels' ``<host>:<pid>:<start>``, whose owner
+    on another host counts as alive. Anything else names no live process."""
+    parts = mark.split(":")
+    if len(parts) == 1:
+        parts = mark.split("-", 1)
+    if len(parts) == 3:
+        host, *parts = parts
+        if host != socket.gethostname():
+            return True
+    if len(parts) != 2 or not parts[0].isdigit() or not parts[1]:
+        return False
+    return alive(int(parts[0]), parts[1])  # a zombie owner is gone too
 
 
 def make_dir(prefix: str, root: str | None = None) -> Path:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import io
-import json
 import os
 import secrets
 import shutil
@@ -35,17 +34,15 @@ from typing import Self
 
 from hybrid import owner
 from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, WorkstationNotFound
-from hybrid.owner import start_time
 from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage, finish_result
-from hybrid.workstation import archive
+from hybrid.workstation import archive, homes
 from hybrid.workstation.base import (
     AttachCommand,
     GcReport,
     OutputCallback,
     WorkstationInfo,
-    check_name,
     command_argv,
 )
 from hybrid.workstation.baseline import Baseline
@@ -59,16 +56,13 @@ def _root() -> Path:
     return state_dir("local")
 
 
-def _owner() -> str:
-    return f"{os.getpid()}:{start_time(os.getpid())}"
-
-
 class LocalWorkstation:
     """A workspace directory on the host; see the module docstring (not a sandbox)."""
 
     def __init__(self, home: Path) -> None:
-        meta = json.loads((home / "meta.json").read_text())
+        meta = homes.read_meta(home)
         self._home = home
+        self._meta = meta
         self.workspace_dir = home / "workspace"
         self.name: str = meta["name"]
         self.id: str = meta["id"]
@@ -357,12 +351,8 @@ class LocalBackend:
             )
         if violations:
             raise PolicyViolation(violations)
-        name = check_name(name or f"ws-{secrets.token_hex(4)}")
-        home = _root() / name
-        try:
-            home.mkdir(mode=0o700)
-        except FileExistsError:
-            raise WorkstationError(f"a workstation named {name} already exists") from None
+        name = name or f"ws-{secrets.token_hex(4)}"
+        home = homes.make(_root(), name)
         (home / "workspace").mkdir()
         meta = {
             "name": name,
@@ -370,9 +360,9 @@ class LocalBackend:
             "spec": spec.model_dump(mode="json"),
             "persistent": persistent,
             "created": datetime.now(UTC).isoformat(),
-            "owner": _owner(),
+            "owner": owner.mark(),
         }
-        (home / "meta.json").write_text(json.dumps(meta))
+        homes.write_meta(home, meta)
         made = LocalWorkstation(home)
         if repo is not None:
             try:
@@ -383,17 +373,10 @@ class LocalBackend:
         return made
 
     def open(self, name: str) -> LocalWorkstation:
-        home = _root() / check_name(name)
-        if not (home / "meta.json").is_file():
-            raise WorkstationNotFound(f"no workstation named {name}")
-        return LocalWorkstation(home)
+        return LocalWorkstation(homes.find(_root(), name))
 
     def list(self) -> builtins.list[WorkstationInfo]:
-        return [
-            LocalWorkstation(home).info()
-            for home in sorted(_root().iterdir())
-            if (home / "meta.json").is_file()
-        ]
+        return [LocalWorkstation(home).info() for home in homes.every(_root())]
 
     def reap(self) -> GcReport:
         """Remove non-persistent workstations whose creating process is gone."""
@@ -401,14 +384,9 @@ class LocalBackend:
 
     def gc(self, everything: bool = False) -> GcReport:
         report = GcReport()
-        for home in sorted(_root().iterdir()):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                meta = json.loads((home / "meta.json").read_text())
-                pid, started = meta["owner"].split(":")
-                alive = owner.alive(int(pid), started)  # a zombie owner is gone too
-                if everything or (not meta["persistent"] and not alive):
-                    shutil.rmtree(home, ignore_errors=True)
-                    report.containers.append(meta["name"])
+        for home, meta in homes.collectable(_root(), everything):
+            shutil.rmtree(home, ignore_errors=True)
+            report.containers.append(meta["name"])
         return report
 
 

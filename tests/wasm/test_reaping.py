@@ -101,3 +101,23 @@ def test_reaping_spares_live_owners_and_unmarked_names(tmp_path: Path):
     assert sorted(removed) == sorted([dead, recycled])
     assert mine.is_dir() and unmarked.is_dir()
     assert not dead.exists() and not recycled.exists()
+
+
+def test_every_owner_mark_form_is_read_alike():
+    """mark(), the directory backends' older `pid:start` and the engine labels' `host:pid:start`
+    name the same live process; a dead pid, a wrong start time or a malformed mark names none."""
+    import socket
+
+    pid = os.getpid()
+    started = owner.start_time(pid)
+    for mark in (owner.mark(), f"{pid}:{started}", f"{socket.gethostname()}:{pid}:{started}"):
+        assert owner.mark_alive(mark), mark
+    assert owner.mark_alive(f"some-other-host:{pid}:0")  # another host's owner: assumed alive
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    for mark in (f"{dead}-{started}", f"{pid}-0", f"{pid}:", "", "x:y", f"{pid}-?"):
+        assert not owner.mark_alive(mark), mark

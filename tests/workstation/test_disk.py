@@ -196,3 +196,14 @@ def test_a_dead_creators_leftover_does_not_block_the_name(engine, make_spec):
     with engine.create(make_spec("docker", disk="16M"), name=name) as ws:
         assert ws.exec("df -k . | tail -1").ok
     assert _leftovers(name) == []
+
+
+def test_docker_gc_keeps_a_live_microvm_workspace(engine, microvm):
+    """The workspace disks of every backend share one directory: the docker backend's gc must
+    read the microvm backend's owner marks too (it read them as dead and unmounted the live
+    workspace of a running microVM)."""
+    with microvm.create() as ws:
+        (ws.workspace_dir / "kept.txt").write_text("still here\n")
+        engine.gc()
+        assert os.path.ismount(ws.workspace_dir)
+        assert ws.exec("cat /workspace/kept.txt").stdout == "still here\n"

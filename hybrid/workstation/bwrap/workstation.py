@@ -30,7 +30,7 @@ from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, Works
 from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
-from hybrid.workstation import archive, disk, state
+from hybrid.workstation import archive, disk, homes, state
 from hybrid.workstation.base import (
     AttachCommand,
     GcReport,
@@ -360,11 +360,7 @@ class BwrapBackend:
             raise PolicyViolation(violations)
         name = check_name(name or f"ws-{secrets.token_hex(4)}")
         root = rootfs.prepare(image)
-        home = _root() / name
-        try:
-            home.mkdir(mode=0o700)
-        except FileExistsError:
-            raise WorkstationError(f"a workstation named {name} already exists") from None
+        home = homes.make(_root(), name)
         ident = secrets.token_hex(8)
         where = workspace.base() / "ws" / ident
         staged = [f"{where}.m{i}" for i in range(len(spec.mounts))]
@@ -384,7 +380,7 @@ class BwrapBackend:
                 "staged": staged,
             }
             # Written first: whatever a killed create leaves, gc finds through it.
-            (home / "meta.json").write_text(json.dumps(meta))
+            homes.write_meta(home, meta)
             if values:
                 state.save_env(home, values)
             where.mkdir(mode=0o755)
@@ -404,10 +400,7 @@ class BwrapBackend:
         return made
 
     def open(self, name: str) -> BwrapWorkstation:
-        home = _root() / check_name(name)
-        if not (home / "meta.json").is_file():
-            raise WorkstationNotFound(f"no workstation named {name}")
-        return BwrapWorkstation(home)
+        return BwrapWorkstation(homes.find(_root(), name))
 
     def list(self) -> builtins.list[WorkstationInfo]:
         found = []
@@ -425,9 +418,8 @@ class BwrapBackend:
         kept: set[str] = set()
         for home in sorted(_root().iterdir()):
             try:
-                meta = json.loads((home / "meta.json").read_text())
-                pid, _, started = str(meta["owner"]).partition("-")
-                dead = not owner.alive(int(pid), started)
+                meta = homes.read_meta(home)
+                dead = not owner.mark_alive(meta["owner"])
             except (OSError, ValueError, KeyError):
                 # No meta yet: a create in progress, or one killed before it wrote any.
                 if time.time() - home.stat().st_mtime < 60:

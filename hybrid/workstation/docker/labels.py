@@ -8,7 +8,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
-from hybrid.owner import alive as _alive_since
+from hybrid.owner import mark_alive
 from hybrid.owner import start_time as _start_time
 from hybrid.tiers.container import runtime_of, tier_of
 from hybrid.workstation.base import ServiceInfo, SnapshotInfo, WorkstationInfo
@@ -53,13 +53,7 @@ def _owner() -> str:
 
 def owner_alive(owner: str) -> bool:
     """Whether the process that labelled something ``owner`` still runs (other hosts: assume yes)."""
-    try:
-        host, pid, started = owner.split(":")
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return True
-    return _alive_since(int(pid), started)  # a zombie owner is gone too
+    return mark_alive(owner)
 
 
 def runtime_for(spec: SandboxSpec) -> Runtime:

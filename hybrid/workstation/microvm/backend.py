@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
 import math
 import os
 import secrets
@@ -33,18 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from hybrid import owner
-from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, WorkstationNotFound
-from hybrid.owner import start_time
+from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError
 from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
-from hybrid.workstation import archive, disk
+from hybrid.workstation import archive, disk, homes
 from hybrid.workstation.base import (
     AttachCommand,
     GcReport,
     OutputCallback,
     WorkstationInfo,
-    check_name,
     command_argv,
 )
 from hybrid.workstation.local import LocalWorkstation
@@ -63,17 +60,6 @@ def _root() -> Path:
     return state_dir("microvm")
 
 
-def _owner() -> str:
-    return f"{os.getpid()}:{start_time(os.getpid())}"
-
-
-def _alive(mark: str) -> bool:
-    with contextlib.suppress(ValueError):
-        pid, started = mark.split(":")
-        return bool(started) and owner.alive(int(pid), started)  # a zombie owner is gone too
-    return False
-
-
 def shape_of(spec: SandboxSpec) -> vm.Shape:
     """The VM a spec needs: RAM for the budget plus the guest's own, vCPUs, one share per mount."""
     mib = math.ceil((spec.budget.memory + GUEST_OVERHEAD) / (128 * 1024**2)) * 128
@@ -86,9 +72,8 @@ class MicrovmWorkstation(LocalWorkstation):
 
     def __init__(self, home: Path, machine: vm.Machine | None = None) -> None:
         super().__init__(home)
-        meta = json.loads((home / "meta.json").read_text())
         self.tier = TIER
-        self.workspace_dir = Path(meta["mount"])
+        self.workspace_dir = Path(self._meta["mount"])
         self._machine = machine
         self._lock = threading.Lock()
 
@@ -346,8 +331,7 @@ def _kill_pid(home: Path) -> None:
 def _remove_home(home: Path) -> None:
     _kill_pid(home)
     with contextlib.suppress(OSError, ValueError, KeyError):
-        meta = json.loads((home / "meta.json").read_text())
-        disk.drop(Path(meta["mount"]))
+        disk.drop(Path(homes.read_meta(home)["mount"]))
     shutil.rmtree(home, ignore_errors=True)
 
 
@@ -379,14 +363,12 @@ class MicrovmBackend:
             raise WorkstationError(
                 "the microVM artifacts are not built: run `hybrid image microvm` (~2 min, once)"
             )
-        name = check_name(name or f"vm-{secrets.token_hex(4)}")
-        home = _root() / name
+        name = name or f"vm-{secrets.token_hex(4)}"
+        home = homes.make(_root(), name)
         try:
-            home.mkdir(mode=0o700)
-        except FileExistsError:
-            raise WorkstationError(f"a workstation named {name} already exists") from None
-        try:
-            mount = disk.create(f"microvm-{name}", spec.budget.disk_for(TIER), _owner(), _alive)
+            mount = disk.create(
+                f"microvm-{name}", spec.budget.disk_for(TIER), owner.mark(), owner.mark_alive
+            )
             os.chown(mount, GUEST_UID, GUEST_UID)
             meta = {
                 "name": name,
@@ -394,10 +376,10 @@ class MicrovmBackend:
                 "spec": spec.model_dump(mode="json"),
                 "persistent": persistent,
                 "created": datetime.now(UTC).isoformat(),
-                "owner": _owner(),
+                "owner": owner.mark(),
                 "mount": str(mount),
             }
-            (home / "meta.json").write_text(json.dumps(meta))
+            homes.write_meta(home, meta)
             made = MicrovmWorkstation(home)
             if repo is not None:
                 made.copy_repo(repo)
@@ -408,17 +390,10 @@ class MicrovmBackend:
         return made
 
     def open(self, name: str) -> MicrovmWorkstation:
-        home = _root() / check_name(name)
-        if not (home / "meta.json").is_file():
-            raise WorkstationNotFound(f"no workstation named {name}")
-        return MicrovmWorkstation(home)
+        return MicrovmWorkstation(homes.find(_root(), name))
 
     def list(self) -> builtins.list[WorkstationInfo]:
-        return [
-            MicrovmWorkstation(home).info()
-            for home in sorted(_root().iterdir())
-            if (home / "meta.json").is_file()
-        ]
+        return [MicrovmWorkstation(home).info() for home in homes.every(_root())]
 
     def reap(self) -> GcReport:
         """Remove non-persistent workstations whose creating process is gone."""
@@ -426,12 +401,10 @@ class MicrovmBackend:
 
     def gc(self, everything: bool = False) -> GcReport:
         report = GcReport()
-        for home in sorted(_root().iterdir()):
+        for home, meta in homes.collectable(_root(), everything):
             with contextlib.suppress(OSError, ValueError, KeyError):
-                meta = json.loads((home / "meta.json").read_text())
-                if everything or (not meta["persistent"] and not _alive(meta["owner"])):
-                    _remove_home(home)
-                    report.containers.append(meta["name"])
+                _remove_home(home)
+                report.containers.append(meta["name"])
         return report
 
 
