@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
     from hybrid.results import ExecutionResult
     from hybrid.router import Job
-    from hybrid.workstation.base import Backend
+    from hybrid.workstation.base import Backend, Workstation
 
 OutputCallback = Callable[[str, bytes], None]
 
@@ -132,6 +132,20 @@ def needs_beyond(job: Job, *, python_toolchain: bool = False) -> list[str]:
         )
         if flag
     ]
+
+
+def run_in(ws: Workstation, job: Job, on_output: OutputCallback | None) -> ExecutionResult:
+    """Run ``job`` in a fresh workstation: its command, or its snippet (and tests) as a file."""
+    from hybrid.errors import InvalidInput
+
+    snippet = job.snippet()
+    if snippet is not None and not job.command:
+        source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
+        ws.put(source.encode(), ".hybrid-job.py")
+        return ws.exec(["python3", ".hybrid-job.py"], on_output=on_output)
+    if not job.command:
+        raise InvalidInput("nothing to run (give a command or a Python snippet)")
+    return ws.exec(job.command, on_output=on_output)
 
 
 def network_misfit(job: Job, has_network: bool, missing: str = "") -> str | None:

@@ -20,6 +20,7 @@ from hybrid.tiers.base import (
     host_disk,
     host_memory,
     network_misfit,
+    run_in,
 )
 
 if TYPE_CHECKING:
@@ -127,19 +128,10 @@ class BwrapTier:
     def run(
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None
     ) -> ExecutionResult:
-        from hybrid.errors import InvalidInput
-
         backend = self.backend()
         _reap_once(backend)
-        snippet = job.snippet()
         with backend.create(spec, image=job.image, repo=job.repo) as ws:
-            if snippet is not None and not job.command:
-                source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
-                ws.put(source.encode(), ".hybrid-job.py")
-                return ws.exec(["python3", ".hybrid-job.py"], on_output=on_output)
-            if not job.command:
-                raise InvalidInput("nothing to run (give a command or a Python snippet)")
-            return ws.exec(job.command, on_output=on_output)
+            return run_in(ws, job, on_output)
 
 
 _reaped_in: int | None = None

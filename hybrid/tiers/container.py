@@ -20,6 +20,7 @@ from hybrid.tiers.base import (
     host_disk,
     host_memory,
     network_misfit,
+    run_in,
     shared,
 )
 
@@ -151,20 +152,11 @@ class ContainerTier:
     def run(
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None
     ) -> ExecutionResult:
-        from hybrid.errors import InvalidInput
-
         _reap_once()
-        snippet = job.snippet()
         setup = ONE_SHOT_SETUP_SECONDS + (max(60.0, spec.budget.wall_seconds) if job.repo else 0.0)
         lifetime = spec.budget.wall_seconds + setup
         with _sandbox(self.name, job, spec, lifetime) as ws:
-            if snippet is not None and not job.command:
-                source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
-                ws.put(source.encode(), ".hybrid-job.py")
-                return ws.exec(["python3", ".hybrid-job.py"], on_output=on_output)
-            if not job.command:
-                raise InvalidInput("nothing to run (give a command or a Python snippet)")
-            return ws.exec(job.command, on_output=on_output)
+            return run_in(ws, job, on_output)
 
     def backend(self) -> DockerBackend:
         from hybrid.workstation.docker import DockerBackend

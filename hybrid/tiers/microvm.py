@@ -14,7 +14,14 @@ import shutil
 import threading
 from typing import TYPE_CHECKING
 
-from hybrid.tiers.base import OutputCallback, Probe, TierLimits, host_disk, host_memory
+from hybrid.tiers.base import (
+    OutputCallback,
+    Probe,
+    TierLimits,
+    host_disk,
+    host_memory,
+    run_in,
+)
 
 if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
@@ -92,18 +99,9 @@ class MicrovmTier:
     def run(
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None
     ) -> ExecutionResult:
-        from hybrid.errors import InvalidInput
-
         _reap_once()
-        snippet = job.snippet()
         with self.backend().create(spec, repo=job.repo) as ws:
-            if snippet is not None and not job.command:
-                source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
-                ws.put(source.encode(), ".hybrid-job.py")
-                return ws.exec(["python3", ".hybrid-job.py"], on_output=on_output)
-            if not job.command:
-                raise InvalidInput("nothing to run (give a command or a Python snippet)")
-            return ws.exec(job.command, on_output=on_output)
+            return run_in(ws, job, on_output)
 
 
 def _smoke() -> str:
