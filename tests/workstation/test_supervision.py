@@ -267,6 +267,38 @@ def test_concurrent_execs_never_lose_output(engine, tier, make_spec, hogged):
     assert all(r.termination is Termination.OK for _, r in results)
 
 
+def test_an_exec_beside_another_partys_kill_never_raises(ws):
+    """Another client's deadline kills the container (and the engine drops every exec record
+    it held) at any moment: an exec caught between create and start runs again on a restarted
+    container, and one caught running reports how it ended. None raises."""
+    api = client().api
+    stop = threading.Event()
+
+    def killer() -> None:
+        while not stop.is_set():
+            for act in (api.kill, api.start):
+                time.sleep(0.03)
+                try:
+                    act(ws.id)
+                except Exception:  # noqa: BLE001 - already stopped, or already running
+                    pass
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    raised: list[str] = []
+    try:
+        for _ in range(60):  # the unfixed client raised about once in 40
+            try:
+                ws.exec("echo hi")
+            except Exception as exc:  # noqa: BLE001 - the failure this test looks for
+                raised.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        stop.set()
+        thread.join()
+    assert not raised, raised[:3]
+    assert ws.exec("echo hi").stdout == "hi\n"
+
+
 def test_owner_marks_name_this_process():
     """Sanity for the reaper's liveness test: this process is alive under its own mark."""
     from hybrid import owner

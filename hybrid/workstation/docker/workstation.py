@@ -136,18 +136,26 @@ class DockerWorkstation:
             )
 
         with translate(f"exec in {self.name}"):
-            try:
-                exec_id = create()
-            except errors.APIError as exc:
-                if "is not running" not in _explain(exc):
-                    raise
-                self._running = False
-                self._ensure_running()
-                exec_id = create()
-            meter = self._cgroup()
-            before = meter.sample() if meter is not None else None
-            start = time.time()
-            stream = _ExecStream(_stream_client(), exec_id)
+            for attempt in range(2):
+                meter = None
+                try:
+                    exec_id = create()
+                    meter = self._cgroup()
+                    before = meter.sample() if meter is not None else None
+                    start = time.time()
+                    stream = _ExecStream(_stream_client(), exec_id)
+                    break
+                except errors.APIError as exc:
+                    # The container stopped before the command started (another exec's deadline
+                    # killed it; the engine then drops the exec records it held): nothing ran,
+                    # so start it again and run the command once more.
+                    if meter is not None:
+                        meter.close()
+                    reason = _explain(exc)
+                    if attempt or not ("is not running" in reason or "No such exec" in reason):
+                        raise
+                    self._running = False
+                    self._ensure_running()
         backstop = _Backstop(exec_id, self.id, start + deadline)
         supervisor = _Supervisor(self, stream, start + deadline, meter)
         out, err = bytearray(), bytearray()
