@@ -21,7 +21,7 @@ from hybrid.context.tags import Payload
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 13
+SCHEMA = 14
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 
@@ -111,6 +111,20 @@ class TagCache:
         if row is None:
             return None
         data: GraphData = marshal.loads(row[0])
+        return data
+
+    def last_graph(self, root: str) -> GraphData | None:
+        """The graph last built for ``root``, whatever the repository held then (None if it
+        was built by another schema: its fields are not this version's)."""
+        row = self._db.execute(
+            "SELECT fingerprint, data FROM repo_graphs WHERE root = ?", (root,)
+        ).fetchone()
+        if row is None:
+            return None
+        data: GraphData = marshal.loads(row[1])
+        keys = data.get("keys") if isinstance(data, dict) else None
+        if not keys or not str(keys[0]).endswith(_VERSION):
+            return None
         return data
 
     def has_graph(self, root: str, fingerprint: str) -> bool:

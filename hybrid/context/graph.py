@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import dataclass, field, fields
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hybrid.context.resolve import Resolver, is_test_path
@@ -106,22 +108,18 @@ def slim(payload: Payload) -> Slim:
     )
 
 
+def _by_bare_name(symbols: list[str]) -> dict[str, list[int]]:
+    got: dict[str, list[int]] = {}
+    for j, key in enumerate(symbols):
+        got.setdefault(key.rpartition(".")[2], []).append(j)
+    return got
+
+
 def names_index(graph: Graph) -> dict[str, list[int]]:
     """Bare name -> ids (into ``graph.symbols``) of the definitions with that name."""
     if graph.by_name is None:
-        got: dict[str, list[int]] = {}
-        for j, key in enumerate(graph.symbols):
-            got.setdefault(bare(key), []).append(j)
-        graph.by_name = got
+        graph.by_name = _by_bare_name(graph.symbols)
     return graph.by_name
-
-
-def _keys_by_name(keys: list[str], sym_id: dict[str, int]) -> dict[str, list[int]]:
-    """Symbol ids of ``keys`` (sorted), grouped by their bare name."""
-    out: dict[str, list[int]] = {}
-    for key in keys:
-        out.setdefault(bare(key), []).append(sym_id[key])
-    return out
 
 
 @dataclass
@@ -151,6 +149,9 @@ class Graph:
     """BM25 document length of each file (float64)."""
     ndefs: list[int]
     errors: list[str]
+    keys: list[str] = field(default_factory=list)
+    """The tag-cache key each file's ``Slim`` was read under (``load_graph`` sets them), so a
+    later build can tell which files changed and patch only their edges (``patch_graph``)."""
     index: RepoIndex | None = None
     """The index the graph was loaded with (``load_graph`` sets it; never stored)."""
     by_name: dict[str, list[int]] | None = field(default=None, repr=False, compare=False)
@@ -177,12 +178,83 @@ class Graph:
         return self.index
 
 
-def build_graph(files: dict[str, Slim]) -> Graph:
+class _Linker:
+    """Resolves one file's references to symbol ids, from what the whole graph defines."""
+
+    def __init__(self, n_files: int, symbols: list[str], definers: list[list[int]]) -> None:
+        self.n = n_files
+        self.symbols = symbols
+        self.definers = definers
+        self.by_name = _by_bare_name(symbols)
+        self._weights: dict[str, float] = {}
+
+    def own(self, keys: list[str]) -> dict[str, list[int]]:
+        """Symbol ids of one file's ``keys`` (sorted), grouped by their bare name."""
+        out: dict[str, list[int]] = {}
+        for key in keys:
+            out.setdefault(bare(key), []).append(bisect_left(self.symbols, key))
+        return out
+
+    def weight(self, name: str) -> float:
+        """``_ref_weight`` of a name, by the number of files that define it."""
+        w = self._weights.get(name)
+        if w is None:
+            ids = self.by_name[name]
+            n_files = (
+                len(self.definers[ids[0]])
+                if len(ids) == 1
+                else len({i for j in ids for i in self.definers[j]})
+            )
+            w = self._weights[name] = _ref_weight(name, n_files)
+        return w
+
+    def edges(
+        self, i: int, own: list[str], refs: dict[str, int], imported: list[int]
+    ) -> tuple[list[int], list[float]]:
+        """Targets and weights of file ``i``'s edges: its references, then its imports.
+
+        A reference (a bare name) goes to the definitions of that name in the same file, else
+        to those in the files it imports, else to all of them (a name defined under many
+        qualified names: to none, see ``MAX_FANOUT``)."""
+        dst: list[int] = []
+        weight: list[float] = []
+        mine: dict[str, list[int]] | None = None  # name -> this file's keys, on first need
+        near: set[int] | None = None  # the files it imports, on first need
+        # dict order is the parse order: deterministic
+        for name, count in refs.items():
+            ids = self.by_name.get(name)
+            if not ids:
+                continue
+            if len(ids) > 1:
+                if mine is None:
+                    mine = self.own(own)
+                local = mine.get(name)
+                if local is None:
+                    # The definitions of the name in the files this one imports: checked from
+                    # the name's side, so a file importing half the repository costs no more.
+                    if near is None:
+                        near = set(imported)
+                    local = [j for j in ids if not near.isdisjoint(self.definers[j])]
+                ids = local or (ids if len(ids) <= MAX_FANOUT else [])
+            w = math.sqrt(count) * self.weight(name) / max(1, len(ids))
+            for j in ids:
+                dst.append(self.n + j)
+                weight.append(w)
+        for t in imported:
+            dst.append(t)
+            weight.append(2.0)
+        return dst, weight
+
+
+def _doc_len(tf: dict[str, int], words: list[str]) -> float:
+    return float(sum(tf.values()) + PATH_WEIGHT * len(words))
+
+
+def build_graph(files: dict[str, Slim], keys: dict[str, str] | None = None) -> Graph:
     """Build the file/symbol graph and the BM25 statistics from every file's ``Slim``.
 
-    Symbols are keyed by qualified name. A reference (a bare name) goes to the definitions
-    of that name in the same file, else to those in the files it imports, else to all of
-    them (a name defined under many qualified names: to none, see ``MAX_FANOUT``)."""
+    Symbols are keyed by qualified name; references resolve as ``_Linker.edges`` says.
+    ``keys`` (path -> tag-cache key) are kept so that ``patch_graph`` can update the graph."""
     paths = sorted(files)
     file_id = {p: i for i, p in enumerate(paths)}
     n = len(paths)
@@ -191,19 +263,8 @@ def build_graph(files: dict[str, Slim]) -> Graph:
         for key in files[p].names:
             definers.setdefault(key, []).append(i)
     symbols = sorted(definers)
-    sym_id = {key: j for j, key in enumerate(symbols)}
     sym_definers = [definers[key] for key in symbols]
-    by_name: dict[str, list[int]] = {}
-    for j, key in enumerate(symbols):
-        by_name.setdefault(bare(key), []).append(j)
-    name_weight = {}
-    for name, ids in by_name.items():
-        n_files = (
-            len(definers[symbols[ids[0]]])
-            if len(ids) == 1
-            else len({i for j in ids for i in definers[symbols[j]]})
-        )
-        name_weight[name] = _ref_weight(name, n_files)
+    linker = _Linker(n, symbols, sym_definers)
 
     src = array("i")
     dst = array("i")
@@ -228,54 +289,28 @@ def build_graph(files: dict[str, Slim]) -> Graph:
     terms_of: list[dict[str, int]] = []
     path_terms_of: list[list[str]] = []
     doc_len = array("d")
-    sqrt = math.sqrt
     for i, p in enumerate(paths):
         _lang, own, refs, _specs, tf, _n, _err = files[p]
-        imported = imports[i]
-        mine: dict[str, list[int]] | None = None  # name -> this file's keys, on first need
-        near: set[int] | None = None  # the files it imports, on first need
-        # references: file -> symbol (dict order is the parse order: deterministic)
-        for name, count in refs.items():
-            ids = by_name.get(name, [])
-            if not ids:
-                continue
-            if len(ids) > 1:
-                if mine is None:
-                    mine = _keys_by_name(own, sym_id)
-                local = mine.get(name)
-                if local is None:
-                    # The definitions of the name in the files this one imports: checked from
-                    # the name's side, so a file importing half the repository costs no more.
-                    if near is None:
-                        near = set(imported)
-                    local = [j for j in ids if not near.isdisjoint(sym_definers[j])]
-                ids = local or (ids if len(ids) <= MAX_FANOUT else [])
-            w = sqrt(count) * name_weight[name] / max(1, len(ids))
-            for j in ids:
-                src.append(i)
-                dst.append(n + j)
-                weight.append(w)
-        # imports: file -> file
-        for t in imported:
-            src.append(i)
-            dst.append(t)
-            weight.append(2.0)
+        targets_i, weights_i = linker.edges(i, own, refs, imports[i])
+        src.extend([i] * len(targets_i))
+        dst.extend(targets_i)
+        weight.extend(weights_i)
         words = path_terms(p)
         terms_of.append(tf)
         path_terms_of.append(words)
-        doc_len.append(float(sum(tf.values()) + PATH_WEIGHT * len(words)))
+        doc_len.append(_doc_len(tf, words))
     # definitions: symbol -> file
     for j, key in enumerate(symbols):
         for i in definers[key]:
             src.append(n + j)
             dst.append(i)
             weight.append(1.0)
-    return Graph(
+    graph = Graph(
         paths=paths,
         langs=[files[p].lang for p in paths],
         tests=[is_test_path(p) for p in paths],
         symbols=symbols,
-        definers=[definers[s] for s in symbols],
+        definers=sym_definers,
         src=src.tobytes(),
         dst=dst.tobytes(),
         weight=weight.tobytes(),
@@ -285,7 +320,80 @@ def build_graph(files: dict[str, Slim]) -> Graph:
         doc_len=doc_len.tobytes(),
         ndefs=[files[p].n_defs for p in paths],
         errors=[files[p].error for p in paths],
+        keys=[keys[p] for p in paths] if keys is not None else [],
     )
+    graph.by_name = linker.by_name
+    return graph
+
+
+PATCH_MAX_FILES = 64
+"""Beyond this many changed files a full build is about as fast as patching."""
+
+
+def patch_graph(
+    old: Graph, keys: dict[str, str], slims: Callable[[set[str]], dict[str, Slim]]
+) -> Graph | None:
+    """``old`` updated to the files now under ``keys`` (path -> tag-cache key), or None when
+    only a full build can say: a file added, removed or renamed, a definition or an import
+    changed, too many files changed, or a slim no longer cached.
+
+    A change inside bodies alters only the changed files' own reference edges and BM25 terms:
+    every symbol id, every import and every other file's edges stay as they were, so the
+    result equals ``build_graph`` of the new files (the tests check it)."""
+    if not old.keys or old.paths != sorted(keys):
+        return None
+    changed = [i for i, p in enumerate(old.paths) if old.keys[i] != keys[p]]
+    if len(changed) > PATCH_MAX_FILES:
+        return None
+    wanted = {old.keys[i] for i in changed} | {keys[old.paths[i]] for i in changed}
+    got = slims(wanted)
+    if not wanted <= set(got):
+        return None
+    for i in changed:
+        before, after = got[old.keys[i]], got[keys[old.paths[i]]]
+        if (before.lang, before.names, before.imports) != (after.lang, after.names, after.imports):
+            return None
+    n = len(old.paths)
+    linker = _Linker(n, old.symbols, old.definers)
+    src, dst, weight = array("i"), array("i"), array("d")
+    src.frombytes(old.src)
+    dst.frombytes(old.dst)
+    weight.frombytes(old.weight)
+    terms_of, ndefs, errors, new_keys = (
+        list(old.terms),
+        list(old.ndefs),
+        list(old.errors),
+        list(old.keys),
+    )
+    doc_len = array("d")
+    doc_len.frombytes(old.doc_len)
+    # Edge sources ascend (files in order, then symbols), so a file's edges are one slice;
+    # patching from the last file back keeps the earlier slices where they are.
+    for i in reversed(changed):
+        after = got[keys[old.paths[i]]]
+        targets_i, weights_i = linker.edges(i, after.names, after.refs, old.imports[i])
+        lo, hi = bisect_left(src, i), bisect_left(src, i + 1)
+        src[lo:hi] = array("i", [i] * len(targets_i))
+        dst[lo:hi] = array("i", targets_i)
+        weight[lo:hi] = array("d", weights_i)
+        terms_of[i] = after.terms
+        doc_len[i] = _doc_len(after.terms, old.path_terms[i])
+        ndefs[i], errors[i] = after.n_defs, after.error
+        new_keys[i] = keys[old.paths[i]]
+    graph = replace(
+        old,
+        src=src.tobytes(),
+        dst=dst.tobytes(),
+        weight=weight.tobytes(),
+        terms=terms_of,
+        doc_len=doc_len.tobytes(),
+        ndefs=ndefs,
+        errors=errors,
+        keys=new_keys,
+        index=None,
+    )
+    graph.by_name = linker.by_name
+    return graph
 
 
 def importers(graph: Graph) -> list[list[int]]:

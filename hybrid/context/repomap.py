@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import Graph, build_graph, slim
+from hybrid.context.graph import Graph, Slim, build_graph, patch_graph, slim
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
@@ -65,14 +65,22 @@ def load_graph(
     # Rebuild from per-file graph inputs stored by content key: only files never seen
     # before need their (larger) payloads read.
     keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
-    slims = cache.slims(set(keys.values()))
-    missing = [p for p, k in keys.items() if k not in slims]
-    fresh = {}
-    for path, payload in index.payloads(missing).items():
-        fresh[keys[path]] = slims[keys[path]] = slim(payload)
-    if fresh:
-        cache.put_slims(sorted(fresh.items()))
-    graph = build_graph({p: slims[k] for p, k in keys.items() if k in slims})
+
+    def slims(wanted: set[str]) -> dict[str, Slim]:
+        found = cache.slims(wanted)
+        missing = [p for p, k in keys.items() if k in wanted and k not in found]
+        fresh = {}
+        for path, payload in index.payloads(missing).items():
+            fresh[keys[path]] = found[keys[path]] = slim(payload)
+        if fresh:
+            cache.put_slims(sorted(fresh.items()))
+        return found
+
+    last = cache.last_graph(key)
+    graph = patch_graph(Graph.from_data(last), keys, slims) if last is not None else None
+    if graph is None:
+        got = slims(set(keys.values()))
+        graph = build_graph({p: got[k] for p, k in keys.items() if k in got}, keys)
     cache.put_graph(key, index.fingerprint, graph.data())
     graph.index = index
     return graph

@@ -86,7 +86,7 @@ def test_stored_rows_stay_plain_tuples_and_a_dict(shop_repo: Path) -> None:
     assert tags and all(type(t) is tuple and len(t) == len(Payload._fields) for t in tags)
     assert slims and all(type(s) is tuple and len(s) == len(Slim._fields) for s in slims)
     assert type(stored) is dict and set(stored) == set(cold.data()) and "index" not in stored
-    assert SCHEMA == 13  # 13: qualified symbol keys; the typed rows changed nothing stored
+    assert SCHEMA == 14  # 14: the graph keeps each file's cache key (patch_graph)
     warm = load_graph(shop_repo)  # from the stored dict this time
     assert isinstance(warm, Graph) and warm.data() == cold.data()
     assert warm.repo_index.root == shop_repo
@@ -127,3 +127,60 @@ def test_files_without_symbols_are_reported(tmp_path: Path, git: Any, write: Any
         "b.go": "no definitions found",
         "empty.py": "no definitions found",
     }
+
+
+def _project_clone(tmp_path: Path, git: Any) -> Path:
+    """A clone of this project's own checkout: a real repository of a few hundred files."""
+    here = Path(__file__).resolve().parents[2]
+    clone = tmp_path / "project"
+    git(tmp_path, "clone", "-q", "--no-hardlinks", str(here), str(clone))
+    return clone
+
+
+def test_a_body_edit_patches_the_graph_exactly_as_a_full_build(tmp_path: Path, git: Any) -> None:
+    """One file's bodies change (new calls, new words): the stored graph is patched, not
+    rebuilt, and the patch equals a full build of the new contents field by field. A change
+    of what a file defines or imports falls back to the full build."""
+    from hybrid.context.graph import build_graph, patch_graph
+
+    repo = _project_clone(tmp_path, git)
+    before = load_graph(repo)
+    target = repo / "hybrid/context/ranking.py"
+    text = target.read_text()
+    body = "    paths = graph.paths\n"
+    assert body in text
+    # new references (to names defined once and many times over), new BM25 words
+    target.write_text(
+        text.replace(
+            body, body + '    if not paths:  # zebra\n        slim(qualified(bare("a"), "b"))\n', 1
+        )
+    )
+    cache = TagCache()
+    index = build_index(repo, cache=cache)
+    keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
+
+    def slims(wanted: set[str]) -> dict[str, Any]:
+        from hybrid.context.graph import slim
+
+        found = cache.slims(wanted)
+        for path, payload in index.payloads(
+            [p for p, k in keys.items() if k in wanted and k not in found]
+        ).items():
+            found[keys[path]] = slim(payload)
+        return found
+
+    patched = patch_graph(before, keys, slims)
+    assert patched is not None
+    got = slims(set(keys.values()))
+    full = build_graph({p: got[k] for p, k in keys.items()}, keys)
+    assert patched.data() == full.data()
+    assert len(patched.src) > len(before.src) and patched.terms != before.terms
+    loaded = load_graph(repo, cache=cache)
+    assert loaded.data() == full.data()
+
+    # a new definition: the patch declines, and load_graph's full build sees the new symbol
+    target.write_text(target.read_text() + "\n\ndef zebra_ranking():\n    return 1\n")
+    index = build_index(repo, cache=cache)
+    keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
+    assert patch_graph(loaded, keys, slims) is None
+    assert "zebra_ranking" in load_graph(repo, cache=cache).symbols
