@@ -7,6 +7,8 @@ after ``DELAY`` seconds, so a quick or refused command keeps its one-line stderr
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +16,7 @@ from contextlib import contextmanager
 
 import click
 
+_FORCES = ("FORCE_COLOR", "TTY_COMPATIBLE")  # what rich reads besides isatty()
 DELAY = 1.0
 """Seconds of work before the first plain line."""
 EVERY = 10.0
@@ -21,6 +24,10 @@ EVERY = 10.0
 
 
 def _terminal() -> bool:
+    # rich's test honours FORCE_COLOR and kin, but importing rich costs a command ~20 ms: a
+    # plain pipe (how agents call) with none of them set is answered without it.
+    if not sys.stderr.isatty() and not any(map(os.environ.get, _FORCES)):
+        return False
     from rich.console import Console
 
     return Console(stderr=True).is_terminal

@@ -52,6 +52,10 @@ class TagCache:
                 "CREATE TABLE IF NOT EXISTS repo_graphs "
                 "(root TEXT PRIMARY KEY, fingerprint TEXT, data BLOB)"
             )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS repo_maps (root TEXT, args TEXT, fingerprint TEXT, "
+                "data TEXT, PRIMARY KEY (root, args)) WITHOUT ROWID"
+            )
         except sqlite3.Error as exc:
             raise ContextError(f"tag cache {self.path} is not usable: {exc}") from exc
 
@@ -139,6 +143,22 @@ class TagCache:
         self._db.execute(
             "INSERT OR REPLACE INTO repo_graphs (root, fingerprint, data) VALUES (?, ?, ?)",
             (root, fingerprint, marshal.dumps(data)),
+        )
+
+    def get_map(self, root: str, args: str, fingerprint: str) -> str | None:
+        """A map rendered for ``root`` with ``args`` if the repository still has this
+        fingerprint (see ``repo_map``)."""
+        row = self._db.execute(
+            "SELECT data FROM repo_maps WHERE root = ? AND args = ? AND fingerprint = ?",
+            (root, args, fingerprint),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def put_map(self, root: str, args: str, fingerprint: str, data: str) -> None:
+        """Remember a rendered map (one per root and arguments, replaced on change)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO repo_maps (root, args, fingerprint, data) VALUES (?, ?, ?, ?)",
+            (root, args, fingerprint, data),
         )
 
     def close(self) -> None:

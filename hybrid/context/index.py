@@ -165,8 +165,8 @@ def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
         lang = _wanted(rel)
         if lang is None:
             continue
-        path = root / rel
         if tracked in dirty:
+            path = root / rel
             if not path.is_file():
                 continue
             content_id = _hash_file(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -13,11 +14,14 @@ from hybrid.context.graph import Graph, Slim, build_graph, patch_graph, slim
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
-from hybrid.context.ranking import Mode, Ranking, rank
-from hybrid.context.symbols import SymbolHit, rank_symbols, rerank_files
 from hybrid.context.tags import qualified_signature
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
+
+if TYPE_CHECKING:
+    # numpy comes in with the ranking: a map served from the cache never needs it
+    from hybrid.context.ranking import Mode, Ranking
+    from hybrid.context.symbols import SymbolHit
 
 _MAX_SIGNATURES_PER_FILE = 12
 _WIDTH = 100
@@ -211,8 +215,20 @@ def repo_map(
     """Rank ``root``'s files for ``task`` and render the map within ``tokens``."""
     if tokens < 1:
         raise ContextError("the token budget must be positive")
-    graph = load_graph(root, cache=cache, progress=progress)
-    index = graph.repo_index
+    cache = cache if cache is not None else TagCache()
+    index = build_index(root, cache=cache, progress=progress)
+    # A map without a task is a function of the indexed contents alone, so it is kept by
+    # their fingerprint; a task's map also reads history and the full text of files the index
+    # does not hold, so it is always computed.
+    stored_as = (str(Path(root).resolve()), f"{tokens}:{mode}", index.fingerprint)
+    if not task:
+        stored = cache.get_map(*stored_as)
+        if stored is not None:
+            return RepoMap.model_validate_json(stored).model_copy(update={"root": str(root)})
+    from hybrid.context.ranking import rank
+    from hybrid.context.symbols import rank_symbols, rerank_files
+
+    graph = load_graph(root, cache=cache, index=index)
     history = recent_changes(root) if task else None
     grep = partial(grep_words, root) if task else None
     ranking = rank(graph, task, mode, history, grep)
@@ -220,7 +236,7 @@ def repo_map(
     if hits:
         ranking = rerank_files(graph, ranking, hits)
     text, entries = render_map(graph, ranking, tokens, hits=hits)
-    return RepoMap(
+    made = RepoMap(
         root=str(root),
         task=task,
         tokens=count_tokens(text) if text else 0,
@@ -231,3 +247,6 @@ def repo_map(
         files_without_symbols=[p for p, n in zip(graph.paths, graph.ndefs, strict=False) if n == 0],
         skipped=[f"{p}: {why}" for p, why in index.skipped],
     )
+    if not task:
+        cache.put_map(*stored_as, made.model_dump_json())
+    return made

@@ -184,3 +184,27 @@ def test_a_body_edit_patches_the_graph_exactly_as_a_full_build(tmp_path: Path, g
     keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
     assert patch_graph(loaded, keys, slims) is None
     assert "zebra_ranking" in load_graph(repo, cache=cache).symbols
+
+
+def test_a_taskless_map_is_kept_until_the_contents_change(
+    shop_repo: Path, monkeypatch: Any
+) -> None:
+    """The same map comes back from the cache (under the root as the caller spelled it),
+    without ranking anything; an edit, or other arguments, compute it again."""
+    import hybrid.context.ranking as ranking
+    from hybrid.context.repomap import repo_map
+
+    first = repo_map(shop_repo, "", 500)
+    monkeypatch.chdir(shop_repo)
+
+    def no_ranking(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a stored map was ranked again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ranking, "rank", no_ranking)
+        again = repo_map(".", "", 500)
+    assert again.root == "." and again.model_copy(update={"root": first.root}) == first
+    assert repo_map(".", "", 400).budget == 400  # other arguments: computed
+    (shop_repo / "shop/shipping.py").write_text("def express_cost(kg):\n    return 9\n")
+    edited = repo_map(".", "", 500)
+    assert "express_cost" in edited.text and "express_cost" not in first.text
