@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
+import signal
+import stat
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -147,22 +151,103 @@ def exit_code_for(result: ExecutionResult) -> int:
 def live_output(kind: str, chunk: bytes) -> None:
     """An ``on_output`` callback: a sandbox's output goes to our stdout or stderr as it comes."""
     stream = sys.stdout if kind == "stdout" else sys.stderr
-    stream.buffer.write(chunk)
-    stream.flush()
+    try:
+        stream.buffer.write(chunk)
+        stream.flush()
+    except BrokenPipeError:
+        _ReaderWatch.noticed.set()  # this error already stops the command: the watch stands down
+        raise
 
 
 @contextmanager
 def reader_gone() -> Iterator[None]:
     """Inside: a closed stdout (``| head -1``) ends the command quietly with SIGPIPE's status 141,
     as a Unix tool would (the library stops the sandbox when its output callback raises)."""
+    watch = _ReaderWatch.start()
     try:
         yield
-    except BrokenPipeError:
+    except (BrokenPipeError, _ReaderGone):
         # Whatever is still buffered for the closed pipe would fail again at exit.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         raise click.exceptions.Exit(141) from None
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+class _ReaderGone(BaseException):
+    """Raised in the main thread by ``_ReaderWatch``. Not an OSError, which the code it lands in
+    may take for a closed stream of its own; a BaseException, so the library's cleanup for an
+    interrupt (stop the sandbox, then re-raise) runs."""
+
+
+def _reader_went_away(signum: int, frame: object) -> None:
+    if not _ReaderWatch.noticed.is_set():
+        _ReaderWatch.noticed.set()
+        raise _ReaderGone
+
+
+class _ReaderWatch:
+    """Notices a closed reader without writing to it. Output over the cap is dropped rather than
+    written, so a command whose output was cut never meets EPIPE: after ``| head -1`` it would
+    run to its deadline. A pipe's write end polls POLLERR (a socket's POLLHUP) once the reader
+    is gone; the main thread then gets ``_ReaderGone``, as a failed write gives BrokenPipeError,
+    unless a failed write came first (``noticed``): a second exception would cut short the
+    cleanup the first one started. SIGPIPE itself stays ignored (a write to another closed
+    socket, the engine's, is no reader gone): a real-time signal no one else sends carries it."""
+
+    noticed = threading.Event()
+    GRACE = 0.2
+    """Seconds a write has, once the reader is gone, to fail and stop the command the usual way."""
+
+    def __init__(self, fd: int, signum: int) -> None:
+        self._signum = signum
+        self._wake_r, self._wake_w = os.pipe()
+        self._main = threading.main_thread().ident or 0
+        self._previous = signal.signal(signum, _reader_went_away)
+        self._thread = threading.Thread(target=self._watch, args=(fd,), daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls) -> _ReaderWatch | None:
+        """A watch of stdout when it is a pipe or a socket and this is the main thread."""
+        signum = getattr(signal, "SIGRTMIN", None)
+        cls.noticed.clear()
+        if signum is None or threading.current_thread() is not threading.main_thread():
+            return None
+        try:
+            fd = sys.stdout.fileno()
+            mode = os.fstat(fd).st_mode
+        except (OSError, ValueError, AttributeError):
+            return None
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return None
+        return cls(fd, signum)
+
+    def _watch(self, fd: int) -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+        poller.register(self._wake_r, select.POLLIN)
+        while True:
+            for ready, events in poller.poll():
+                if ready == self._wake_r:
+                    return
+                if events & select.POLLNVAL:
+                    return  # stdout was closed here: nothing left to watch
+                if events & (select.POLLERR | select.POLLHUP):
+                    if not self.noticed.wait(self.GRACE):
+                        signal.pthread_kill(self._main, self._signum)
+                    return
+
+    def stop(self) -> None:
+        """End the watch and restore the signal's disposition."""
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        signal.signal(self._signum, self._previous)
 
 
 class _StderrLog(logging.Handler):

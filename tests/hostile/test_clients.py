@@ -39,13 +39,20 @@ COUNT_YES = (
 )
 
 
-def test_closed_reader(sandbox: Driver, row: Row) -> None:
-    """`hybrid ... | head -1`: the client and the sandbox stop promptly, without a traceback."""
+@pytest.mark.parametrize("reader", ["prompt", "late"])
+def test_closed_reader(sandbox: Driver, row: Row, reader: str) -> None:
+    """`hybrid ... | head -1`: the client and the sandbox stop promptly, without a traceback.
+
+    A ``late`` reader comes after the client has written all the output its cap lets through:
+    where the cap fits in the pipe (the session workstation's 64k), no write blocks and none
+    fails after it, so the client must see the reader go without writing."""
     attack = Attack(wasi=["flood", ""], python="while True:\n    print('y' * 100)\n", shell="yes")
     deadline = 30.0
     started = time.monotonic()
     child = hybrid_cli(sandbox.cli(attack, wall_seconds=deadline))
     assert child.stdout is not None and child.stderr is not None
+    if reader == "late":
+        time.sleep(3)
     first = child.stdout.readline()
     child.stdout.close()
     try:
