@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,9 +21,16 @@ import pytest
 
 from hybrid.tiers.container import container_tiers
 
-# A private cache per session, so tests neither read nor pollute the user's compiled-module cache.
-os.environ.setdefault("HYBRID_CACHE_DIR", tempfile.mkdtemp(prefix="hybrid-test-cache-"))
-os.environ.setdefault("HYBRID_STATE_DIR", tempfile.mkdtemp(prefix="hybrid-test-state-"))
+# A private cache and state per session, so tests neither read nor pollute the user's; removed
+# when the session ends (pytest_unconfigure).
+_PRIVATE: list[str] = []
+for _name, _prefix in (
+    ("HYBRID_CACHE_DIR", "hybrid-test-cache-"),
+    ("HYBRID_STATE_DIR", "hybrid-test-state-"),
+):
+    if _name not in os.environ:
+        os.environ[_name] = tempfile.mkdtemp(prefix=_prefix)
+        _PRIVATE.append(os.environ[_name])
 # A `hybrid` console process a test starts runs in process: no resident server outlives the
 # session (tests/server starts its own, and says where).
 os.environ.setdefault("HYBRID_NO_SERVER", "1")
@@ -172,3 +180,8 @@ def _via_server(*args: str, stdin: bytes = b"") -> CliResult:
         [sys.executable, "-c", entry, *args], input=stdin, capture_output=True, env=env, timeout=300
     )
     return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _PRIVATE:
+        shutil.rmtree(path, ignore_errors=True)
