@@ -120,12 +120,10 @@ class TagCache:
     def last_graph(self, root: str) -> GraphData | None:
         """The graph last built for ``root``, whatever the repository held then (None if it
         was built by another schema: its fields are not this version's)."""
-        row = self._db.execute(
-            "SELECT fingerprint, data FROM repo_graphs WHERE root = ?", (root,)
-        ).fetchone()
+        row = self._db.execute("SELECT data FROM repo_graphs WHERE root = ?", (root,)).fetchone()
         if row is None:
             return None
-        data: GraphData = marshal.loads(row[1])
+        data: GraphData = marshal.loads(row[0])
         keys = data.get("keys") if isinstance(data, dict) else None
         if not keys or not str(keys[0]).endswith(_VERSION):
             return None

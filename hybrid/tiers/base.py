@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from hybrid.errors import InvalidInput
+
 if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
     from hybrid.results import ExecutionResult
@@ -136,8 +138,6 @@ def needs_beyond(job: Job, *, python_toolchain: bool = False) -> list[str]:
 
 def run_in(ws: Workstation, job: Job, on_output: OutputCallback | None) -> ExecutionResult:
     """Run ``job`` in a fresh workstation: its command, or its snippet (and tests) as a file."""
-    from hybrid.errors import InvalidInput
-
     snippet = job.snippet()
     if snippet is not None and not job.command:
         source = snippet + ("\n\n" + job.tests if job.tests else "") + "\n"
