@@ -29,7 +29,9 @@ never in callers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections.abc costs the console client (server/client.py) ~3 ms
+    from collections.abc import Sequence
 
 
 class HybridError(Exception):

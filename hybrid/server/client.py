@@ -1,6 +1,7 @@
 """The ``hybrid`` console entry: forward a command to the resident server, or run it here.
 
-This module imports only the standard library and ``hybrid.server.wire``, so a forwarded
+This module imports only ``hybrid.server.wire`` and C modules of the standard library (``_socket``
+and ``_signal``, not the ``socket`` and ``signal`` wrappers, which load ``enum``), so a forwarded
 command costs an interpreter start and one socket round trip. Commands in
 ``wire.FORWARDED`` go to the server for this configuration (see wire.py) with the client's
 argv, working directory, environment and its stdin/stdout/stderr descriptors; the server runs
@@ -15,9 +16,9 @@ with ``hybrid serve --tcp``: the streams are relayed in frames instead.
 
 from __future__ import annotations
 
+import _signal
+import _socket
 import os
-import signal
-import socket
 import sys
 
 from hybrid.server import wire
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 NO_SERVER_FLAG = "--no-server"
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 
 
 def main() -> None:
@@ -64,14 +65,10 @@ def forward(argv: list[str]) -> int | None:
     url = os.environ.get("HYBRID_SERVER_URL", "")
     try:
         cwd = os.getcwd()
-        if url:
-            sock = _tcp(url)
-        else:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(wire.address(wire.socket_path()))
+        sock = _tcp(url) if url else _connect()
     except (OSError, ValueError):
         return None
-    with sock:
+    try:
         request: dict[str, Any] = {"op": "run", "argv": argv, "cwd": cwd, "env": dict(os.environ)}
         if url:
             request["stdio"] = "relay"
@@ -96,7 +93,19 @@ def forward(argv: list[str]) -> int | None:
             return _wait(sock)
         finally:
             for signum, handler in previous.items():
-                signal.signal(signum, handler)
+                _signal.signal(signum, handler)
+    finally:
+        sock.close()
+
+
+def _connect() -> _socket.socket:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(wire.address(wire.socket_path()))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _stdio() -> list[int]:
@@ -111,7 +120,7 @@ def _stdio() -> list[int]:
     return fds
 
 
-def _forward_signals(sock: socket.socket) -> dict[int, Any]:
+def _forward_signals(sock: _socket.socket) -> dict[int, Any]:
     def send(signum: int, frame: object) -> None:
         # Not contextlib.suppress: importing contextlib costs the client's start-up.
         try:  # noqa: SIM105
@@ -121,15 +130,15 @@ def _forward_signals(sock: socket.socket) -> dict[int, Any]:
 
     previous: dict[int, Any] = {}
     for signum in _SIGNALS:
-        current = signal.getsignal(signum)
-        if current is signal.SIG_IGN:
+        current = _signal.getsignal(signum)
+        if current == _signal.SIG_IGN:
             continue  # nohup: an ignored SIGHUP stays ignored
         previous[signum] = current
-        signal.signal(signum, send)
+        _signal.signal(signum, send)
     return previous
 
 
-def _wait(sock: socket.socket) -> int | None:
+def _wait(sock: _socket.socket) -> int | None:
     reader = wire.Reader(sock)
     accepted = False
     while True:
@@ -161,7 +170,9 @@ def _write(fd: int, data: bytes) -> None:
         pass
 
 
-def _tcp(url: str) -> socket.socket:
+def _tcp(url: str) -> _socket.socket:
+    import socket
+
     if not url.startswith("tcp://"):
         raise ValueError(f"HYBRID_SERVER_URL must be tcp://HOST:PORT, got {url!r}")
     host, _, port = url.removeprefix("tcp://").rpartition(":")
@@ -170,7 +181,7 @@ def _tcp(url: str) -> socket.socket:
     return sock
 
 
-def _pump_stdin(sock: socket.socket) -> None:
+def _pump_stdin(sock: _socket.socket) -> None:
     import contextlib
 
     with contextlib.suppress(OSError):
@@ -183,13 +194,17 @@ def _pump_stdin(sock: socket.socket) -> None:
 def ask(op: str) -> dict[str, Any] | None:
     """Send ``op`` (status, stop) to this configuration's server; its answer, or None."""
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(30)
-            sock.connect(wire.address(wire.socket_path()))
-            wire.send_json(sock, wire.HEADER, {"op": op})
-            frame = wire.Reader(sock).frame()
+        sock = _connect()
     except (OSError, ValueError):
         return None
+    try:
+        sock.settimeout(30)
+        wire.send_json(sock, wire.HEADER, {"op": op})
+        frame = wire.Reader(sock).frame()
+    except (OSError, ValueError):
+        return None
+    finally:
+        sock.close()
     if frame is None or frame[0] != wire.REPLY:
         return None
     import json
