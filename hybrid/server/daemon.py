@@ -195,7 +195,7 @@ class Daemon:
                     self.last_active = time.monotonic()
             elif op == "acquire":
                 found = self.pool.acquire(message["key"]) if self.pool is not None else None
-                handle.send(id=found)
+                handle.send(id=found and found.id, attrs=found and found.attrs)
             elif op == "release" and self.pool is not None:
                 self.pool.release(str(message["id"]))
             elif op == "status":

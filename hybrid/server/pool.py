@@ -69,7 +69,9 @@ def sandbox(tier: str, image: str | None, spec: SandboxSpec) -> Iterator[DockerW
     from hybrid.workstation.docker.engine import client, translate
 
     with translate("open a pooled sandbox"):
-        ws = DockerWorkstation(client().containers.get(reply["id"]), backend())
+        # The daemon's record of the container as made: no engine call on the job's path.
+        container = client().containers.prepare_model(reply["attrs"])
+        ws = DockerWorkstation(container, backend())
     try:
         yield ws
     finally:
@@ -80,7 +82,8 @@ def sandbox(tier: str, image: str | None, spec: SandboxSpec) -> Iterator[DockerW
 @dataclass
 class _Ready:
     id: str
-    made: float
+    attrs: dict[str, Any]  # the engine's inspect of the started container
+    made: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -110,8 +113,8 @@ class SandboxPool:
         """Keep sandboxes ready for ``key`` (as if a job had just asked for one)."""
         self._entry(key)
 
-    def acquire(self, key: dict[str, Any]) -> str | None:
-        """A ready sandbox's id for ``key`` (removed from the pool), or None; refills either way."""
+    def acquire(self, key: dict[str, Any]) -> _Ready | None:
+        """A ready sandbox for ``key`` (removed from the pool), or None; refills either way."""
         entry = self._entry(key)
         with self._lock:
             now = time.monotonic()
@@ -120,7 +123,7 @@ class SandboxPool:
                 if now - got.made < self.idle_seconds:
                     self.hits += 1
                     self._lock.notify_all()
-                    return got.id
+                    return got
                 self._doomed.append(got.id)
             self.misses += 1
             self._lock.notify_all()
@@ -192,9 +195,9 @@ class SandboxPool:
                 todo.making -= 1
                 if made is not None:
                     if self._closed:
-                        self._doomed.append(made)
+                        self._doomed.append(made.id)
                     else:
-                        todo.ready.append(_Ready(made, time.monotonic()))
+                        todo.ready.append(made)
 
     def _retire(self) -> None:
         now = time.monotonic()
@@ -213,7 +216,7 @@ class SandboxPool:
                 return entry
         return None
 
-    def _make(self, key: dict[str, Any]) -> str | None:
+    def _make(self, key: dict[str, Any]) -> _Ready | None:
         from hybrid.policy import SandboxSpec
         from hybrid.tiers.container import ONE_SHOT_SETUP_SECONDS
         from hybrid.workstation import backend
@@ -228,7 +231,7 @@ class SandboxPool:
             log.warning("pool: cannot make a %s sandbox: %s", key["tier"], exc)
             time.sleep(5)
             return None
-        return ws.id
+        return _Ready(ws.id, ws.attrs())
 
     def _destroy_doomed(self) -> None:
         with self._lock:

@@ -99,10 +99,11 @@ class Cgroup:
     _peak_fd: int | None = None
 
     @classmethod
-    def of_pid(cls, pid: int) -> Cgroup | None:
-        """The cgroup process ``pid`` is in (a container's init: the container's), or None."""
+    def of_pid(cls, pid: int, naming: str | None = None) -> Cgroup | None:
+        """The cgroup process ``pid`` is in (a container's init: the container's), or None;
+        also None when ``naming`` is given and the cgroup's path does not contain it."""
         text = _read(Path(f"/proc/{pid}/cgroup"))
-        if not text or pid <= 0:
+        if not text or pid <= 0 or (naming is not None and naming not in text):
             return None
         mounts = _mounts()
         v1: dict[str, Path] = {}

@@ -91,3 +91,19 @@ def test_metrics_in_cli_json_and_plain_output(engine, make_spec, hybrid_cli):
         code, _, err = hybrid_cli("ws", "exec", ws.name, "--", "true")
         assert code == 0
         assert "s user" in err and "s sys" in err and "peak " in err, err
+
+
+def test_metrics_follow_a_restart_by_another_party(engine, tier, make_spec):
+    # The workstation remembers its init's pid to find the cgroup without asking the engine;
+    # a restart from outside (a new init, the old pid gone or reused) must not lose or mix up
+    # the counters.
+    from hybrid.workstation.docker.engine import client
+
+    with engine.create(make_spec(tier, memory="256M")) as ws:
+        assert ws.exec("true").usage.cpu_user_seconds is not None
+        client().api.restart(ws.id, timeout=0)
+        result = ws.exec(["python3", "-c", BURN])
+        assert result.ok, result.stderr
+        usage = result.usage
+        assert usage.cpu_user_seconds is not None and usage.cpu_system_seconds is not None
+        assert usage.cpu_user_seconds + usage.cpu_system_seconds >= 0.4, usage

@@ -28,6 +28,7 @@ def client() -> docker.DockerClient:
         if _CLIENT is None:
             try:
                 made = docker.from_env(timeout=120)
+                _local(made.api)
                 made.ping()
             except errors.DockerException as exc:
                 raise EngineUnavailable(_unreachable(exc)) from None
@@ -42,8 +43,16 @@ def _stream_client() -> docker.APIClient:
     api = client().api
     with _LOCK:
         if _STREAM is None:
-            _STREAM = docker.from_env(timeout=None, version=api.api_version).api
+            _STREAM = _local(docker.from_env(timeout=None, version=api.api_version).api)
         return _STREAM
+
+
+def _local(api: docker.APIClient) -> docker.APIClient:
+    # No proxy applies to a Unix socket, yet requests looks for one in the environment on every
+    # call: ~1.5 ms of a ~5 ms engine call on a slow host, four or five calls per exec.
+    if api.base_url.startswith("http+docker://"):
+        api.trust_env = False
+    return api
 
 
 def _unreachable(exc: BaseException) -> str:

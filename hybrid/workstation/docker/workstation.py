@@ -92,6 +92,8 @@ class DockerWorkstation:
         self.base_image: str = labels.get(LABEL_BASE, "")
         self.user: str = container.attrs["Config"].get("User") or DEFAULT_USER
         self._running = container.status == "running"
+        # The init's pid as last seen, so an exec finds the cgroup without asking the engine.
+        self._pid = int(container.attrs.get("State", {}).get("Pid") or 0) if self._running else 0
         self._closed = False
 
     # -- running commands -------------------------------------------------------------------
@@ -214,9 +216,13 @@ class DockerWorkstation:
     def _cgroup(self) -> cgroup.Cgroup | None:
         # Found through the container's init, so runc's cgroup and runsc's sandbox cgroup alike;
         # None for a remote engine (no such process here) or a host that hides the counters.
+        # The pid last seen is trusted only while its cgroup still names this container (a
+        # restart by anyone, or a reused pid, fails that), else the engine is asked.
         with contextlib.suppress(errors.DockerException, KeyError):
-            pid = client().api.inspect_container(self.id)["State"].get("Pid") or 0
-            meter = cgroup.Cgroup.of_pid(int(pid))
+            meter = cgroup.Cgroup.of_pid(self._pid, naming=self.id) if self._pid else None
+            if meter is None:
+                self._pid = int(client().api.inspect_container(self.id)["State"].get("Pid") or 0)
+                meter = cgroup.Cgroup.of_pid(self._pid)
             if meter is not None:
                 meter.reset_peak()
             return meter
@@ -606,6 +612,12 @@ class DockerWorkstation:
         if self.spec.network.mode != "egress":
             raise InvalidInput(f"{self.name} has network mode none: nothing leaves it, no log")
         return egress_log(self.name)
+
+    def attrs(self) -> dict[str, Any]:
+        """The engine's inspect of the container when this object was made (it rebuilds an
+        equal object in another process without an engine call: the server's pool does)."""
+        attrs: dict[str, Any] = self._container.attrs
+        return attrs
 
     def info(self) -> WorkstationInfo:
         with translate(f"inspect {self.name}"):
