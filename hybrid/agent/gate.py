@@ -28,6 +28,11 @@ BLOCKED = "blocked"
 Disposition = Literal["ready for human review", "blocked"]
 
 PATCH_PATH = ".git/hybrid-candidate.patch"
+"""Where a patch too large to travel as an argument is copied before ``git apply``."""
+
+ARGUMENT_PATCH_BYTES = 96 * 1024
+"""Patches up to this size travel as the apply command's argument (Linux caps one argument at
+128 KiB): no copy into the workstation, which costs a helper container (~100 ms)."""
 """Where the patch goes inside the workspace: under .git, which the reviewed diff never shows."""
 
 DEPENDENCY_FILES = re.compile(
@@ -128,11 +133,20 @@ def static_checks(
 
 def run_in(ws: Any, patch: str, commands: Sequence[tuple[str, str]]) -> list[GateCheck]:
     """Apply ``patch`` in workstation ``ws`` and run each (name, shell command) there."""
-    ws.put(patch.encode(), PATCH_PATH)
-    # One exec applies and removes the patch file (each exec is a round trip to the engine).
-    applied = ws.exec(
-        ["sh", "-c", 'git apply --whitespace=nowarn "$0"; s=$?; rm -f "$0"; exit $s', PATCH_PATH]
-    )
+    if len(patch.encode()) <= ARGUMENT_PATCH_BYTES and "\0" not in patch:
+        # git apply runs as the sandbox's user and refuses paths outside the work tree.
+        applied = ws.exec(["sh", "-c", 'printf "%s" "$0" | git apply --whitespace=nowarn -', patch])
+    else:
+        ws.put(patch.encode(), PATCH_PATH)
+        # One exec applies and removes the patch file (each exec is a round trip to the engine).
+        applied = ws.exec(
+            [
+                "sh",
+                "-c",
+                'git apply --whitespace=nowarn "$0"; s=$?; rm -f "$0"; exit $s',
+                PATCH_PATH,
+            ]
+        )
     if not applied.ok:
         why = (applied.stderr or applied.stdout).strip().splitlines()
         detail = f"the patch does not apply: {why[0] if why else applied.termination.value}"

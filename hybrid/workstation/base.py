@@ -180,8 +180,9 @@ class Workstation(Protocol):
 class SnapshotWorkstation(Workstation, Protocol):
     """A workstation whose backend has the ``Snapshots`` capability."""
 
-    def snapshot(self, name: str) -> SnapshotInfo:
-        """Commit the workstation (files and installed packages) under ``name``."""
+    def snapshot(self, name: str, *, ephemeral: bool = False) -> SnapshotInfo:
+        """Commit the workstation (files and installed packages) under ``name``; an ephemeral
+        snapshot goes with the last workstation started from it."""
         ...
 
     def fork(self, n: int) -> Sequence[Workstation]:

@@ -250,3 +250,70 @@ def test_eval_cli_detects_repository_instances(engine) -> None:  # type: ignore[
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["pass_at"] == {"1": 1.0}
+
+
+class _SnapshotWatcher(ScriptedModel):
+    """Answers from a script; at each call, notes (and with ``vandal``, force-removes) the
+    fork snapshots this process's runs made."""
+
+    def __init__(self, answers: list[str], vandal: bool = False) -> None:
+        super().__init__(answers)
+        self.vandal = vandal
+        self.seen: set[str] = set()
+        self.sources: set[str] = set()
+
+    def complete(self, messages, *, max_tokens=None):  # type: ignore[no-untyped-def]
+        from hybrid.workstation.docker import LABEL_OWNER, LABEL_SOURCE, client
+
+        api = client().api
+        ours = {
+            row["Labels"].get("hybrid.name", "")
+            for row in api.containers(all=True, filters={"label": LABEL_OWNER})
+            if row["Labels"].get(LABEL_OWNER, "").split(":")[1:2] == [str(os.getpid())]
+        }
+        self.sources |= ours
+        for image in api.images(filters={"label": LABEL_SOURCE}):
+            if (image.get("Labels") or {}).get(LABEL_SOURCE) in ours:
+                self.seen.add(image["Id"])
+                tags = [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"]
+                for tag in tags if self.vandal else []:
+                    api.remove_image(tag, force=True)  # untagged: no longer startable by name
+        return super().complete(messages, max_tokens=max_tokens)
+
+
+def _wrong_answers(n: int) -> list[str]:
+    return [
+        "```diff\n" + FIX.replace("if exp < len(suffix) and", f"if {i} < 0 and") + "```"
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("vandal", [False, True], ids=["steady", "snapshot-removed"])
+def test_every_step_forks_from_one_snapshot_and_survives_losing_it(
+    repo: Path, vandal: bool
+) -> None:
+    model = _SnapshotWatcher(_wrong_answers(3), vandal=vandal)
+    task = RepoTask(task=TASK, repo=repo, test=TEST)
+    report = solve(task, model, budget=LoopBudget(steps=3, repeats=10), spec=SPEC)
+    assert report.stop == StopReason.STEPS, report.stop_detail
+    for attempt in report.attempts:  # every step's candidate ran its tests
+        result = attempt.candidates[0].result
+        assert result is not None and result.exit_code not in (None, 0), attempt
+    if vandal:
+        assert len(model.seen) >= 2  # removed under the run each time: a new one was taken
+    else:
+        assert len(model.seen) == 1  # one snapshot of the repository served every step
+    assert _owned_by(os.getpid()) == []
+    from hybrid.workstation.docker import LABEL_SOURCE, client
+
+    api = client().api
+    left = [
+        i
+        for i in api.images(filters={"label": LABEL_SOURCE})
+        if i["Labels"].get(LABEL_SOURCE) in model.sources
+    ]
+    if vandal:  # an untagged image cannot be dropped by its name: the vandal's mess
+        for image in left:
+            api.remove_image(image["Id"], force=True)
+    else:
+        assert left == []
