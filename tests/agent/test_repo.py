@@ -317,3 +317,24 @@ def test_every_step_forks_from_one_snapshot_and_survives_losing_it(
             api.remove_image(image["Id"], force=True)
     else:
         assert left == []
+
+
+@pytest.mark.parametrize("size", [100, 200_000], ids=["as-argument", "copied-in"])
+def test_a_patch_applies_whatever_its_size(repo: Path, size: int) -> None:
+    from hybrid.agent.gate import ARGUMENT_PATCH_BYTES, run_in
+    from hybrid.workstation import backend
+
+    lines = [f"line {i} with a backslash \\n, a % sign and 'quotes'" for i in range(size // 50)]
+    patch = (
+        "diff --git a/notes.txt b/notes.txt\nnew file mode 100644\n--- /dev/null\n"
+        f"+++ b/notes.txt\n@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{x}\n" for x in lines)
+    )
+    assert (len(patch) > ARGUMENT_PATCH_BYTES) == (size > ARGUMENT_PATCH_BYTES)
+    with backend().create(SPEC, repo=repo) as ws:
+        checks = run_in(ws, patch, [("count", "wc -l < notes.txt; git status --porcelain")])
+        assert [c.passed for c in checks] == [True, True], checks
+        result = checks[-1].result
+        assert result is not None
+        assert result.stdout.split("\n")[0].strip() == str(len(lines))
+        assert "?? notes.txt" in result.stdout  # and no patch file left in the work tree
+        assert ws.get("notes.txt") == "".join(f"{x}\n" for x in lines).encode()
