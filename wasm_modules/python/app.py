@@ -259,7 +259,11 @@ def _user_traceback(exc, files, where=None):
     ``where`` (filename, line) names the test line when the error was raised by the harness
     itself (a failed assert), which leaves no user frame of its own.
     """
-    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, limit=None)
+    # Lines are looked up after the harness's frames are dropped: reading them for every frame
+    # opened the harness's and the standard library's files on each failing run.
+    te = traceback.TracebackException(
+        type(exc), exc, exc.__traceback__, limit=None, lookup_lines=False
+    )
     _keep_user_frames(te, files)
     if where is not None and not te.stack:
         te.stack = traceback.StackSummary.from_list(
@@ -591,12 +595,15 @@ class _Run:
         self.memory_error = False
 
     def fail(self, exc, where=None):
-        """Record an uncaught error as the run's error (the first one wins the traceback)."""
+        """Record an uncaught error as the run's error (the first one wins the traceback);
+        return its description."""
         if isinstance(exc, MemoryError):
             self.memory_error = True
-        if self.traceback is None:
-            self.error = _describe(exc)
-            self.traceback = _user_traceback(exc, self.files, where)
+        if self.traceback is not None:
+            return _describe(exc)
+        self.error = _describe(exc)
+        self.traceback = _user_traceback(exc, self.files, where)
+        return self.error
 
     def record(self, name, exc, where=None):
         if exc is None:
@@ -605,8 +612,7 @@ class _Run:
         if isinstance(exc, SystemExit):
             message = f"SystemExit: {exc.code}"
         else:
-            self.fail(exc, where)
-            message = _describe(exc)
+            message = self.fail(exc, where)
         self.outcomes.append({"name": name, "passed": False, "message": message})
 
     def execute(self):
