@@ -76,7 +76,7 @@ class MicrovmTier:
         if artifacts is None:
             return Probe(
                 False,
-                f"QEMU found ({why}); the guest kernel, initramfs and root filesystem are not built",
+                f"QEMU found ({why}); the guest kernel, initramfs and root filesystem are not built for this version",
                 f"{BUILD} (Debian kernel via apt, root filesystem from the base image, ~2 min)",
             )
         detail = f"QEMU -M microvm, {accelerator}: {why}; kernel {artifacts.kernel_package}"

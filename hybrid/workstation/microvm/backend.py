@@ -361,7 +361,7 @@ class MicrovmBackend:
         artifacts = build.built()
         if artifacts is None:
             raise WorkstationError(
-                "the microVM artifacts are not built: run `hybrid image microvm` (~2 min, once)"
+                "the microVM artifacts are not built for this version of hybrid: run `hybrid image microvm` (~2 min, once)"
             )
         name = name or f"vm-{secrets.token_hex(4)}"
         home = homes.make(_root(), name)

@@ -46,6 +46,9 @@ MODULES = (
 )
 """Guest modules to load, dependencies first (their own dependencies are added)."""
 BUSYBOX = Path("/bin/busybox")
+INITRAMFS_LAYOUT = "2"
+"""Bumped when _initramfs writes its inputs differently (2: modules without signatures)."""
+SIGNATURE_MAGIC = b"~Module signature appended~\n"
 GUEST = Path(__file__).parent / "guest"
 Progress = Callable[[str], None]
 
@@ -90,7 +93,8 @@ def ensure(image: str | None = None, on_progress: Progress | None = None) -> Art
 
 
 def built(image: str | None = None) -> Artifacts | None:
-    """The artifacts if all three are already built (no apt, engine or build call beyond lookups)."""
+    """The artifacts if all three are built, and from this version's guest sources (no apt,
+    engine or build call beyond lookups)."""
     marker = cache() / "current.json"
     try:
         found = Artifacts.model_validate_json(marker.read_text())
@@ -98,6 +102,8 @@ def built(image: str | None = None) -> Artifacts | None:
         return None
     if not all(p.exists() for p in (found.kernel, found.initramfs, found.rootfs)):
         return None
+    if found.initramfs.parent != _initramfs_dir(found.kernel.parent):
+        return None  # built from an older guest agent or init: the host expects this one
     return found
 
 
@@ -197,6 +203,14 @@ def _depends(module: Path) -> list[str]:
 # -- initramfs --------------------------------------------------------------------------------
 
 
+def _initramfs_dir(kernel_dir: Path) -> Path:
+    """Where the initramfs of these guest sources (init, agent, busybox) for this kernel lives."""
+    inputs = [(GUEST / "init").read_bytes(), (GUEST / "agent.py").read_bytes()]
+    inputs.append(BUSYBOX.read_bytes() if BUSYBOX.is_file() else b"")
+    key = _digest(INITRAMFS_LAYOUT, kernel_dir.name, *map(_hash, inputs))
+    return cache() / f"initramfs-{key}"
+
+
 def _initramfs(kernel_dir: Path, say: Progress) -> Path:
     if not BUSYBOX.is_file():
         raise EngineUnavailable(
@@ -204,10 +218,7 @@ def _initramfs(kernel_dir: Path, say: Progress) -> Path:
         )
     init = (GUEST / "init").read_bytes()
     agent = (GUEST / "agent.py").read_bytes()
-    out = (
-        cache()
-        / f"initramfs-{_digest(kernel_dir.name, _hash(BUSYBOX.read_bytes()), _hash(init), _hash(agent))}"
-    )
+    out = _initramfs_dir(kernel_dir)
     target = out / "initramfs.cpio"
     if target.exists():
         return target
@@ -230,9 +241,25 @@ def _initramfs(kernel_dir: Path, say: Progress) -> Path:
             ("modules.order", 0o100644, (kernel_dir / "modules.order").read_bytes()),
         ]
         for module in sorted((kernel_dir / "modules").iterdir()):
-            entries.append((f"lib/modules/{module.name}", 0o100644, module.read_bytes()))
+            data = _unsigned(module.read_bytes())
+            entries.append((f"lib/modules/{module.name}", 0o100644, data))
         (tmp / "initramfs.cpio").write_bytes(_cpio(entries))
     return target
+
+
+def _unsigned(module: bytes) -> bytes:
+    """``module`` without its appended signature.
+
+    The guest kernel does not enforce signatures, and checking one (a hash of the whole module
+    and an RSA verify) is slow under emulation: ext4 alone is 2 MB. The modules come from the
+    Debian package this build fetched; an unsigned module only taints the kernel's log.
+    """
+    if not module.endswith(SIGNATURE_MAGIC):
+        return module
+    # struct module_signature (12 bytes, its last 4 the big-endian signature length), then magic
+    end = len(module) - len(SIGNATURE_MAGIC)
+    length = int.from_bytes(module[end - 4 : end], "big")
+    return module[: end - 12 - length]
 
 
 def _cpio(entries: list[tuple[str, int, bytes]]) -> bytes:
