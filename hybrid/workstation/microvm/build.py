@@ -102,7 +102,7 @@ def built(image: str | None = None) -> Artifacts | None:
         return None
     if not all(p.exists() for p in (found.kernel, found.initramfs, found.rootfs)):
         return None
-    if found.initramfs.parent != _initramfs_dir(found.kernel.parent):
+    if found.initramfs.parent.name != _initramfs_dir(found.kernel.parent).name:
         return None  # built from an older guest agent or init: the host expects this one
     return found
 
