@@ -181,11 +181,17 @@ class Graph:
 class _Linker:
     """Resolves one file's references to symbol ids, from what the whole graph defines."""
 
-    def __init__(self, n_files: int, symbols: list[str], definers: list[list[int]]) -> None:
+    def __init__(
+        self,
+        n_files: int,
+        symbols: list[str],
+        definers: list[list[int]],
+        by_name: dict[str, list[int]] | None = None,
+    ) -> None:
         self.n = n_files
         self.symbols = symbols
         self.definers = definers
-        self.by_name = _by_bare_name(symbols)
+        self.by_name = by_name if by_name is not None else _by_bare_name(symbols)
         self._weights: dict[str, float] = {}
 
     def own(self, keys: list[str]) -> dict[str, list[int]]:
@@ -354,7 +360,8 @@ def patch_graph(
         if (before.lang, before.names, before.imports) != (after.lang, after.names, after.imports):
             return None
     n = len(old.paths)
-    linker = _Linker(n, old.symbols, old.definers)
+    # A patch keeps every symbol, so the old graph's name index (when it has one) still holds.
+    linker = _Linker(n, old.symbols, old.definers, old.by_name)
     src, dst, weight = array("i"), array("i"), array("d")
     src.frombytes(old.src)
     dst.frombytes(old.dst)

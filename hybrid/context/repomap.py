@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,9 +64,14 @@ def load_graph(
     if not index.files:
         raise ContextError(f"no source files to index under {root}")
     key = str(Path(root).resolve())
+    recent = _recent
+    if recent is not None and recent[:2] == (key, index.fingerprint):
+        return replace(recent[2], index=index)
     stored = cache.get_graph(key, index.fingerprint)
     if stored is not None:
-        return Graph.from_data(stored, index)
+        loaded = Graph.from_data(stored, index)
+        _remember(key, index.fingerprint, loaded)
+        return loaded
     # Rebuild from per-file graph inputs stored by content key: only files never seen
     # before need their (larger) payloads read.
     keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
@@ -80,14 +86,31 @@ def load_graph(
             cache.put_slims(sorted(fresh.items()))
         return found
 
-    last = cache.last_graph(key)
-    graph = patch_graph(Graph.from_data(last), keys, slims) if last is not None else None
+    graph: Graph | None = None
+    if recent is not None and recent[0] == key:
+        # The graph this process last saw of the repository (maybe older than the stored
+        # one: patching any base gives the same graph) spares reading the stored one.
+        graph = patch_graph(recent[2], keys, slims)
+    if graph is None:
+        last = cache.last_graph(key)
+        graph = patch_graph(Graph.from_data(last), keys, slims) if last is not None else None
     if graph is None:
         got = slims(set(keys.values()))
         graph = build_graph({p: got[k] for p, k in keys.items() if k in got}, keys)
     cache.put_graph(key, index.fingerprint, graph.data())
     graph.index = index
+    _remember(key, index.fingerprint, graph)
     return graph
+
+
+_recent: tuple[str, str, Graph] | None = None
+"""(root, fingerprint, graph): the graph this process last loaded or built. A resident server
+worker serves the same repository again and again; one graph is kept, to bound memory."""
+
+
+def _remember(root: str, fingerprint: str, graph: Graph) -> None:
+    global _recent
+    _recent = (root, fingerprint, graph)
 
 
 def _symbol_lines(
