@@ -87,7 +87,10 @@ def test_stored_rows_stay_plain_tuples_and_a_dict(shop_repo: Path) -> None:
     assert slims and all(type(s) is tuple and len(s) == len(Slim._fields) for s in slims)
     assert type(stored) is dict and set(stored) == set(cold.data()) and "index" not in stored
     assert SCHEMA == 14  # 14: the graph keeps each file's cache key (patch_graph)
-    warm = load_graph(shop_repo)  # from the stored dict this time
+    import hybrid.context.repomap as repomap
+
+    repomap._recent = None  # not the graph this process holds: the stored dict this time
+    warm = load_graph(shop_repo)
     assert isinstance(warm, Graph) and warm.data() == cold.data()
     assert warm.repo_index.root == shop_repo
     assert isinstance(warm.repo_index.payloads(["shop/shipping.py"])["shop/shipping.py"], Payload)
@@ -184,6 +187,31 @@ def test_a_body_edit_patches_the_graph_exactly_as_a_full_build(tmp_path: Path, g
     keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
     assert patch_graph(loaded, keys, slims) is None
     assert "zebra_ranking" in load_graph(repo, cache=cache).symbols
+
+
+def test_a_process_patches_the_graph_it_holds(tmp_path: Path, git: Any, monkeypatch: Any) -> None:
+    """After an edit, a process that built the graph (a server worker) patches its own copy
+    without reading the stored one, and gets what a fresh process builds from scratch."""
+    import hybrid.context.repomap as repomap
+
+    repo = _project_clone(tmp_path, git)
+    before = load_graph(repo)
+    target = repo / "hybrid/context/ranking.py"
+    body = "    paths = graph.paths\n"
+    edit = '    if not paths:\n        slim(qualified(bare("a"), "b"))\n'
+    target.write_text(target.read_text().replace(body, body + edit, 1))
+
+    def unread(*args: object) -> None:
+        raise AssertionError("the stored graph was read")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(TagCache, "last_graph", unread)
+        patched.setattr(TagCache, "get_graph", lambda *args: None)
+        held = load_graph(repo)
+    monkeypatch.setattr(repomap, "_recent", None)
+    fresh = load_graph(repo, cache=TagCache(tmp_path / "fresh.sqlite"))
+    assert held.data() == fresh.data()
+    assert held.src != before.src
 
 
 def test_a_taskless_map_is_kept_until_the_contents_change(
