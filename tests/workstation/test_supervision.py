@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from hybrid.policy import NetworkPolicy, SandboxSpec
 from hybrid.results import Termination
+from hybrid.workstation import disk
 from hybrid.workstation.docker import LABEL_OWNER, LABEL_VOLUME, client
 
 DEADLINE = 8.0
@@ -217,6 +219,70 @@ def test_a_closed_reader_stops_the_sandbox_quietly(engine, tier, tmp_path):
     pid = int(pidfile.read_text())
     time.sleep(1)
     assert _owned_by(pid) == [], "the sandbox outlived its closed reader"
+
+
+class _Interrupted(BaseException):
+    """What the CLI's closed-reader watch and Ctrl-C deliver: an exception at any bytecode."""
+
+
+def _leftovers(name: str) -> list[str]:
+    """Containers, volumes and workspace disks of workstation ``name`` (helpers included)."""
+    api = client().api
+    rows = api.containers(all=True, filters={"label": "hybrid.managed=1"})
+    left = [n for r in rows for n in r["Names"] if n.startswith(f"/hybrid-{name}")]
+    volumes = api.volumes(filters={"label": f"hybrid.name={name}"}).get("Volumes") or []
+    left += [v["Name"] for v in volumes]
+    left += [str(p) for p in disk.root().glob(f"hybrid-{name}-*")]
+    return left
+
+
+# gVisor workstations get no egress (the proxy's relay needs runc), so that pair is not here.
+@pytest.mark.parametrize(
+    ("tier", "network"), [("docker", "none"), ("gvisor", "none"), ("docker", "egress")]
+)
+def test_an_interrupt_anywhere_in_create_leaves_nothing(engine, require_runtime, tier, network):
+    """An interrupt at any moment of ``create`` (sweeping its whole length) leaves nothing: not a
+    container the engine made after the client's request was cut, nor one it started after."""
+    require_runtime(tier)
+    allow = ["example.invalid"] if network == "egress" else []
+    spec = SandboxSpec(tier=tier, network=NetworkPolicy(mode=network, allow=allow))
+    sent = time.time()
+    engine.create(spec).remove()
+    length = time.time() - sent
+    armed = False
+
+    def interrupt(signum: int, frame: object) -> None:
+        if armed:
+            raise _Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        outcomes = []
+        for step in range(12):
+            name = f"int-{os.getpid()}-{tier}-{network}-{step}"
+            timer = threading.Timer(
+                length * step / 10,
+                signal.pthread_kill,
+                (threading.main_thread().ident, signal.SIGUSR1),
+            )
+            try:
+                armed = True
+                timer.start()
+                made = engine.create(spec, name=name)
+                armed = False
+                outcomes.append("up")
+                made.remove()
+            except _Interrupted:
+                armed = False
+                outcomes.append("interrupted")
+            finally:
+                armed = False
+                timer.cancel()
+                timer.join()
+            assert _leftovers(name) == [], (step, outcomes)
+        assert "interrupted" in outcomes, outcomes
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def test_an_on_output_callback_that_raises_stops_the_exec(ws):

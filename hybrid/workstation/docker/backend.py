@@ -17,6 +17,7 @@ from docker.types import Mount as DockerMount
 from hybrid.deps import layers as deps_layers
 from hybrid.errors import PolicyViolation, WorkstationError, WorkstationNotFound
 from hybrid.policy import SandboxSpec, admit, check_input_path, for_workstation
+from hybrid.shield import shielded
 from hybrid.tiers.container import tier_of
 from hybrid.workstation import disk, state
 from hybrid.workstation.base import GcReport, check_name
@@ -99,7 +100,35 @@ class DockerBackend:
             # A repository is an input the user named: the same secret-path rule as a mount.
             check_input_path(repo, "repository")
         name = check_name(name or f"ws-{secrets.token_hex(4)}")
-        image = image or BASE_IMAGE
+        ws = shielded(
+            lambda: self._make(
+                spec, image or BASE_IMAGE, name, persistent, snapshot_of, lifetime, service_images
+            ),
+            undo=lambda made: made.remove(),
+        )
+        if repo is not None:
+            try:
+                ws.copy_repo(Path(repo))
+            except BaseException:
+                ws.remove()
+                raise
+        return ws
+
+    def _make(
+        self,
+        spec: SandboxSpec,
+        image: str,
+        name: str,
+        persistent: bool,
+        snapshot_of: str | None,
+        lifetime: float | None,
+        service_images: dict[str, str] | None,
+    ) -> DockerWorkstation:
+        """The engine work of ``create`` (shielded from interrupts): all of it made, or none."""
+        from hybrid.workstation.images import BASE_IMAGE
+
+        runtime = runtime_for(spec)
+        tier = tier_of(runtime)
         # Labels are engine metadata (inspect, events, images): they get the spec without values.
         spec, secret_env = state.split_env(spec)
         api = client().api
@@ -186,12 +215,6 @@ class DockerBackend:
                 if labels[LABEL_NETWORK]:
                     with contextlib.suppress(WorkstationError):
                         services.remove_all(name)
-                raise
-        if repo is not None:
-            try:
-                ws.copy_repo(Path(repo))
-            except BaseException:
-                ws.remove()
                 raise
         return ws
 
@@ -523,6 +546,9 @@ class DockerBackend:
                     report.containers.append((row.get("Names") or [row["Id"][:12]])[0].lstrip("/"))
 
     def remove_container(self, container_id: str, volume: str | None) -> None:
+        shielded(lambda: self._remove_container(container_id, volume))
+
+    def _remove_container(self, container_id: str, volume: str | None) -> None:
         api = client().api
         image = None
         labels: dict[str, str] = {}

@@ -20,6 +20,7 @@ from docker import errors
 from docker.types import DriverConfig
 from docker.types import Mount as DockerMount
 
+from hybrid import shield
 from hybrid.errors import WorkstationError, WorkstationNotFound
 from hybrid.workstation import disk
 from hybrid.workstation import services as kinds
@@ -207,6 +208,7 @@ def wait_ready(name: str, spec: SandboxSpec) -> None:
                     f"service {service.key} was not healthy after {service.ready_seconds:g}s "
                     f"(raise ready_seconds): {last.strip()[-300:]}"
                 )
+            shield.raise_if_cancelled()  # an interrupted create stops waiting here
             time.sleep(_POLL)
 
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 
 _POLL_SECONDS = 0.5
+STOP_WAIT = 10.0
+"""Seconds an exec waits for its supervisor to finish (an engine call it is making)."""
 
 # The watchdog inside an exec holds its deadline when no client is left to (a killed `hybrid run`):
 # `timeout` ends the command a grace after the supervisor would have, then `kill -1` ends every
@@ -140,7 +142,9 @@ class _Supervisor:
 
     def stop(self) -> None:
         self._done.set()
-        self._thread.join()
+        # The watcher may be inside an engine call (the kill at the deadline): the exec's own
+        # cleanup must not hang on a hung engine; the watcher is a daemon thread and ends alone.
+        self._thread.join(STOP_WAIT)
 
 
 class _ExecStream:
