@@ -50,6 +50,54 @@ _CODE = {".py", ".pyi", ".js", ".cjs", ".mjs", ".ts", ".cts", ".mts", ".jsx", ".
 # In the workspace: the engine copies files out of the container's root and volumes, not tmpfs.
 # (The environment is left as it is: NO_COLOR and friends change what some tests assert.)
 _REPORT = ".hybrid-validate-report"
+# One hung test (a fix's test often hangs before the fix: a read that never ends) must fail
+# alone, not spend the whole run's time and leave every outcome unknown. pytest gets this
+# plugin, written to /tmp for each run: each test phase has PER_TEST_SECONDS, then an
+# exception pytest reports as that test's failure (re-raised every few seconds, in case the
+# code swallows it); the run's own timeout stays the backstop.
+PER_TEST_SECONDS = 60.0
+_LIMIT_DIR = "/tmp/.hybrid-validate"
+_LIMIT_PLUGIN = """
+import os
+import signal
+
+import pytest
+
+SECONDS = float(os.environ.get("HYBRID_TEST_SECONDS", "60"))
+
+
+class TestTimedOut(BaseException):
+    pass
+
+
+def _expired(signum, frame):
+    raise TestTimedOut("ran over %gs, hybrid validate's limit per test" % SECONDS)
+
+
+def _limited():
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.setitimer(signal.ITIMER_REAL, SECONDS, 5.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _limited()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _limited()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from _limited()
+"""
 _SIGNS: list[tuple[Failure, re.Pattern[str]]] = [
     (
         "network",
@@ -316,6 +364,7 @@ class _Runner:
         if "pytest" in words and "--junitxml" not in command:
             self.report = "junit"
             command += f" -o junit_family=xunit1 --junitxml={{workspace}}/{_REPORT}"
+            command += " -p hybrid_test_limit"
         elif "jest" in words and "--json" not in words:
             self.report = "jest"
             command += f" --json --outputFile={{workspace}}/{_REPORT}"
@@ -377,7 +426,15 @@ class _Runner:
         # Each run starts from an empty /tmp: a file an earlier state left there (requests
         # extracts a zipped test file to /tmp once and reuses it) must not decide this one.
         fresh = f"rm -rf /tmp/* /tmp/.[!.]* 2>/dev/null; rm -f {report}"
-        done = ws.exec(["/bin/sh", "-c", f"{fresh}; {command}"], timeout=self.timeout)
+        if self.report == "junit":
+            fresh += (
+                f'; mkdir -p {_LIMIT_DIR} && printf %s "$1" > {_LIMIT_DIR}/hybrid_test_limit.py'
+                f"; export PYTHONPATH={_LIMIT_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"
+                f" HYBRID_TEST_SECONDS={PER_TEST_SECONDS:g}"
+            )
+        done = ws.exec(
+            ["/bin/sh", "-c", f"{fresh}; {command}", "sh", _LIMIT_PLUGIN], timeout=self.timeout
+        )
         seconds = time.monotonic() - mark
         outcomes: dict[str, str] = {}
         if self.report:

@@ -394,6 +394,10 @@ def _function_gate(code: str, result: ExecutionResult | None) -> GateReport:
     return GateReport(disposition=BLOCKED if reasons else READY, reasons=reasons, checks=checks)
 
 
+_SNAPSHOT_TRIES = 3
+"""Snapshots a fork-ahead takes before it gives up (each one vanished under it)."""
+
+
 class _Forks:
     """Forks of the base workstation made one step ahead, on a background thread.
 
@@ -427,15 +431,21 @@ class _Forks:
         return forks
 
     def _make(self, n: int) -> list[Any]:
-        if self._snapshot is not None:
+        # A snapshot can vanish at any moment, even between being taken and being read back
+        # (dropped with the last fork made from it, gc, a user): take another, a few times.
+        for _ in range(_SNAPSHOT_TRIES - 1):
             try:
-                return self._start(self._snapshot, n)
+                return self._fork(n)
             except HybridError:
-                pass  # dropped with the last fork made from it: take another
-        token = secrets.token_hex(3)
-        self._snapshot = self.base.snapshot(
-            f"{self.base.name}-fork-{token}"[:63], ephemeral=True
-        ).name
+                self._snapshot = None
+        return self._fork(n)
+
+    def _fork(self, n: int) -> list[Any]:
+        if self._snapshot is None:
+            token = secrets.token_hex(3)
+            self._snapshot = self.base.snapshot(
+                f"{self.base.name}-fork-{token}"[:63], ephemeral=True
+            ).name
         return self._start(self._snapshot, n)
 
     def _start(self, snapshot: str, n: int) -> list[Any]:

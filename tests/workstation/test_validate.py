@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hybrid import validate as validate_module
 from hybrid.errors import InvalidInput
 from hybrid.policy import SandboxSpec
 from hybrid.validate import change_of, is_test, validate
@@ -109,6 +110,31 @@ def test_a_commit_whose_tests_already_pass_does_not_validate(engine, repo: Path)
     assert result.fail_to_pass == []
     assert result.failure == "other"
     assert "already pass" in result.reason
+
+
+def test_a_test_that_hangs_before_the_fix_fails_alone(engine, repo, monkeypatch) -> None:
+    """The fix's new test hangs at the parent (a wait that never ends): it fails at the per-test
+    limit while the run goes on, so the commit validates instead of the run timing out."""
+    monkeypatch.setattr(validate_module, "PER_TEST_SECONDS", 3.0)
+    wait = repo / "src" / "humanize" / "_wait.py"
+    wait.write_text("import time\n\n\ndef ready():\n    while True:\n        time.sleep(0.1)\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "A wait")
+    wait.write_text("def ready():\n    return True\n")
+    (repo / "tests" / "test_wait.py").write_text(
+        "from humanize._wait import ready\n\n\ndef test_ready():\n    assert ready()\n"
+    )
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "Fix a wait that never ends")
+    try:
+        result = validate(repo, "HEAD", spec=_spec(), backend=engine, timeout=60)
+    finally:
+        _git(repo, "reset", "-q", "--hard", "HEAD~2")
+    assert result.validated, (result.failure, result.reason, [r.tail[-800:] for r in result.runs])
+    assert result.fail_to_pass == ["tests/test_wait.py::tests.test_wait::test_ready"]
+    tests = next(run for run in result.runs if run.state == "tests")
+    assert tests.termination == "nonzero_exit" and tests.seconds < 60
+    assert "hybrid validate's limit per test" in tests.tail
 
 
 def test_commits_that_are_not_fixes_with_tests_are_bad_input(repo: Path, tmp_path: Path) -> None:
