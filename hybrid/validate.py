@@ -296,7 +296,7 @@ def _validate_in(
     _judge(result, before, tests, fixed)
     if not result.validated:
         # Run the state that decided once more: a different answer is a flaky test.
-        if tests.exit_code == 0:
+        if _already_pass(result, before, tests):
             _apply(ws, repo, change, change.source, parent=True)
             decided, rerun = tests, runner.run(ws, "tests", after_tests)
         else:
@@ -324,7 +324,7 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
         result.reason = f"the tests did not run after the fix: {fixed.tail[-300:]}"
     elif tests.termination == "timeout" and not tests.outcomes:
         result.reason = "the commit's tests ran out of time before its source change"
-    elif tests.exit_code == 0:
+    elif _already_pass(result, before, tests):
         result.reason = "the commit's tests already pass before its source change"
     elif not result.fail_to_pass:
         failing = sorted(t for t, o in fixed.outcomes.items() if o in ("failed", "error"))
@@ -335,16 +335,26 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
         result.validated = True
 
 
+def _already_pass(result: Validation, before: Run | None, tests: Run) -> bool:
+    """Whether the tests, changed by the commit, pass without its source change: nothing fails
+    but what already failed at the parent (a test that needs the network fails in every state)
+    and nothing goes from failing to passing."""
+    return tests.exit_code == 0 or (
+        not result.fail_to_pass and bool(tests.outcomes) and _failed(tests) <= _failed(before)
+    )
+
+
+def _failed(run: Run | None) -> set[str]:
+    return {t for t, o in (run.outcomes if run else {}).items() if o in ("failed", "error")}
+
+
 def _classify(result: Validation, before: Run | None, fixed: Run) -> Failure | None:
     """The environment's signs in the output, when failures that decided the result show them.
 
     Tests that already failed at the parent (a connect timeout with the network off) fail after
     the fix too; they decide nothing, so their network errors in the output say nothing either.
     """
-    failed_before = {
-        t for t, o in (before.outcomes if before else {}).items() if o in ("failed", "error")
-    }
-    decisive = {t for t, o in fixed.outcomes.items() if o in ("failed", "error")} - failed_before
+    decisive = _failed(fixed) - _failed(before)
     if fixed.outcomes and not decisive and not result.broken:
         return None
     text = "\n".join(r.tail for r in result.runs)

@@ -95,17 +95,24 @@ def test_real_fix_commit_validates(engine, repo: Path) -> None:
     assert _workstations() == before
 
 
-def test_a_commit_whose_tests_already_pass_does_not_validate(engine, repo: Path) -> None:
-    """A source change the tests never noticed: no FAIL_TO_PASS, so it must not validate."""
+@pytest.mark.parametrize("broken", [False, True], ids=["all-pass", "one-fails-everywhere"])
+def test_a_commit_whose_tests_already_pass_does_not_validate(
+    engine, repo: Path, broken: bool
+) -> None:
+    """A source change the tests never noticed: no FAIL_TO_PASS, so it must not validate; and
+    it says so even when a test fails in every state (one that needs the network)."""
+    test = repo / "tests" / "test_filesize.py"
+    if broken:
+        test.write_text(test.read_text() + "\n\ndef test_needs_the_network():\n    assert False\n")
+        _git(repo, "commit", "-qam", "A test that fails here")
     target = repo / "src" / "humanize" / "filesize.py"
     target.write_text(target.read_text() + "\n# a comment\n")
-    test = repo / "tests" / "test_filesize.py"
     test.write_text(test.read_text() + "\n# another comment\n")
     _git(repo, "commit", "-qam", "Touch the source and the tests")
     try:
         result = validate(repo, "HEAD", spec=_spec(), backend=engine)
     finally:
-        _git(repo, "reset", "-q", "--hard", "HEAD~1")
+        _git(repo, "reset", "-q", "--hard", "HEAD~2" if broken else "HEAD~1")
     assert not result.validated
     assert result.fail_to_pass == []
     assert result.failure == "other"
