@@ -58,12 +58,11 @@ _REPORT = ".hybrid-validate-report"
 PER_TEST_SECONDS = 60.0
 _LIMIT_DIR = "/tmp/.hybrid-validate"
 _LIMIT_PLUGIN = """
-import os
 import signal
 
 import pytest
 
-SECONDS = float(os.environ.get("HYBRID_TEST_SECONDS", "60"))
+SECONDS = @SECONDS@
 
 
 class TestTimedOut(BaseException):
@@ -440,11 +439,9 @@ class _Runner:
             fresh += (
                 f'; mkdir -p {_LIMIT_DIR} && printf %s "$1" > {_LIMIT_DIR}/hybrid_test_limit.py'
                 f"; export PYTHONPATH={_LIMIT_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"
-                f" HYBRID_TEST_SECONDS={PER_TEST_SECONDS:g}"
             )
-        done = ws.exec(
-            ["/bin/sh", "-c", f"{fresh}; {command}", "sh", _LIMIT_PLUGIN], timeout=self.timeout
-        )
+        plugin = _LIMIT_PLUGIN.replace("@SECONDS@", f"{PER_TEST_SECONDS!r}")
+        done = ws.exec(["/bin/sh", "-c", f"{fresh}; {command}", "sh", plugin], timeout=self.timeout)
         seconds = time.monotonic() - mark
         outcomes: dict[str, str] = {}
         if self.report:
