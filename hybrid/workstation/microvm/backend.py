@@ -235,12 +235,13 @@ class MicrovmWorkstation(LocalWorkstation):
         running = (self._machine is not None and self._machine.alive()) or _pid_of(
             self._home
         ) is not None
+        artifacts = build.built()
         return WorkstationInfo(
             name=self.name,
             id=self.id,
             tier=TIER,
             runtime="qemu-" + vm.accel()[0],
-            image=build.built().rootfs.name if build.built() else "",  # type: ignore[union-attr]
+            image=artifacts.rootfs.name if artifacts else "",
             status="running" if running and self._home.is_dir() else "exited",
             created=self._created,
             persistent=self.persistent,

@@ -17,6 +17,7 @@ between test sessions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import lzma
@@ -205,10 +206,16 @@ def _depends(module: Path) -> list[str]:
 
 def _initramfs_dir(kernel_dir: Path) -> Path:
     """Where the initramfs of these guest sources (init, agent, busybox) for this kernel lives."""
+    key = _digest(INITRAMFS_LAYOUT, kernel_dir.name, *_guest_hashes())
+    return cache() / f"initramfs-{key}"
+
+
+@functools.cache
+def _guest_hashes() -> tuple[str, ...]:
+    # Once per process: built() runs on every VM create and listing, and busybox is 2 MB.
     inputs = [(GUEST / "init").read_bytes(), (GUEST / "agent.py").read_bytes()]
     inputs.append(BUSYBOX.read_bytes() if BUSYBOX.is_file() else b"")
-    key = _digest(INITRAMFS_LAYOUT, kernel_dir.name, *map(_hash, inputs))
-    return cache() / f"initramfs-{key}"
+    return tuple(map(_hash, inputs))
 
 
 def _initramfs(kernel_dir: Path, say: Progress) -> Path:
@@ -216,8 +223,6 @@ def _initramfs(kernel_dir: Path, say: Progress) -> Path:
         raise EngineUnavailable(
             "the microvm initramfs needs busybox: apt-get install busybox-static"
         )
-    init = (GUEST / "init").read_bytes()
-    agent = (GUEST / "agent.py").read_bytes()
     out = _initramfs_dir(kernel_dir)
     target = out / "initramfs.cpio"
     if target.exists():
@@ -236,8 +241,8 @@ def _initramfs(kernel_dir: Path, say: Progress) -> Path:
             ("lib/modules", 0o40755, b""),
             ("bin/busybox", 0o100755, BUSYBOX.read_bytes()),
             ("bin/sh", 0o120777, b"busybox"),
-            ("init", 0o100755, init),
-            ("agent.py", 0o100644, agent),
+            ("init", 0o100755, (GUEST / "init").read_bytes()),
+            ("agent.py", 0o100644, (GUEST / "agent.py").read_bytes()),
             ("modules.order", 0o100644, (kernel_dir / "modules.order").read_bytes()),
         ]
         for module in sorted((kernel_dir / "modules").iterdir()):
