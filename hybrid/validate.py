@@ -435,13 +435,14 @@ class _Runner:
         # Each run starts from an empty /tmp: a file an earlier state left there (requests
         # extracts a zipped test file to /tmp once and reuses it) must not decide this one.
         fresh = f"rm -rf /tmp/* /tmp/.[!.]* 2>/dev/null; rm -f {report}"
+        plugin: list[str] = []
         if self.report == "junit":
             fresh += (
                 f'; mkdir -p {_LIMIT_DIR} && printf %s "$1" > {_LIMIT_DIR}/hybrid_test_limit.py'
                 f"; export PYTHONPATH={_LIMIT_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"
             )
-        plugin = _LIMIT_PLUGIN.replace("@SECONDS@", f"{PER_TEST_SECONDS!r}")
-        done = ws.exec(["/bin/sh", "-c", f"{fresh}; {command}", "sh", plugin], timeout=self.timeout)
+            plugin = ["sh", _LIMIT_PLUGIN.replace("@SECONDS@", f"{PER_TEST_SECONDS!r}")]
+        done = ws.exec(["/bin/sh", "-c", f"{fresh}; {command}", *plugin], timeout=self.timeout)
         seconds = time.monotonic() - mark
         outcomes: dict[str, str] = {}
         if self.report:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 _POLL_SECONDS = 0.5
-STOP_WAIT = 10.0
+_STOP_WAIT = 10.0
 """Seconds an exec waits for its supervisor to finish (an engine call it is making)."""
 
 # The watchdog inside an exec holds its deadline when no client is left to (a killed `hybrid run`):
@@ -144,7 +144,7 @@ class _Supervisor:
         self._done.set()
         # The watcher may be inside an engine call (the kill at the deadline): the exec's own
         # cleanup must not hang on a hung engine; the watcher is a daemon thread and ends alone.
-        self._thread.join(STOP_WAIT)
+        self._thread.join(_STOP_WAIT)
 
 
 class _ExecStream:
