@@ -253,8 +253,10 @@ def test_eval_cli_detects_repository_instances(engine) -> None:  # type: ignore[
 
 
 class _SnapshotWatcher(ScriptedModel):
-    """Answers from a script; at each call, notes (and with ``vandal``, force-removes) the
-    fork snapshots this process's runs made."""
+    """Answers from a script; at each call, notes (and with ``vandal``, untags) the fork
+    snapshots this process's runs made. The vandal waits for a snapshot it has not removed yet:
+    the forks for a step are made in the background, and a call that came before them would
+    see nothing to remove (how this test once passed or failed with the host's speed)."""
 
     def __init__(self, answers: list[str], vandal: bool = False) -> None:
         super().__init__(answers)
@@ -266,18 +268,27 @@ class _SnapshotWatcher(ScriptedModel):
         from hybrid.workstation.docker import LABEL_OWNER, LABEL_SOURCE, client
 
         api = client().api
-        ours = {
-            row["Labels"].get("hybrid.name", "")
-            for row in api.containers(all=True, filters={"label": LABEL_OWNER})
-            if row["Labels"].get(LABEL_OWNER, "").split(":")[1:2] == [str(os.getpid())]
-        }
-        self.sources |= ours
-        for image in api.images(filters={"label": LABEL_SOURCE}):
-            if (image.get("Labels") or {}).get(LABEL_SOURCE) in ours:
-                self.seen.add(image["Id"])
-                tags = [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"]
-                for tag in tags if self.vandal else []:
-                    api.remove_image(tag, force=True)  # untagged: no longer startable by name
+        end = time.monotonic() + 120
+        while True:
+            ours = {
+                row["Labels"].get("hybrid.name", "")
+                for row in api.containers(all=True, filters={"label": LABEL_OWNER})
+                if row["Labels"].get(LABEL_OWNER, "").split(":")[1:2] == [str(os.getpid())]
+            }
+            self.sources |= ours
+            tagged = {}
+            for image in api.images(filters={"label": LABEL_SOURCE}):
+                if (image.get("Labels") or {}).get(LABEL_SOURCE) in ours:
+                    self.seen.add(image["Id"])
+                    tags = [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"]
+                    if tags:
+                        tagged[image["Id"]] = tags
+            if not self.vandal or tagged or time.monotonic() > end:
+                break
+            time.sleep(0.1)
+        for tags in tagged.values() if self.vandal else []:
+            for tag in tags:
+                api.remove_image(tag, force=True)  # untagged: no longer startable by name
         return super().complete(messages, max_tokens=max_tokens)
 
 
@@ -300,7 +311,7 @@ def test_every_step_forks_from_one_snapshot_and_survives_losing_it(
         result = attempt.candidates[0].result
         assert result is not None and result.exit_code not in (None, 0), attempt
     if vandal:
-        assert len(model.seen) >= 2  # removed under the run each time: a new one was taken
+        assert len(model.seen) >= 3  # each call removed the one in use: a new one was taken
     else:
         assert len(model.seen) == 1  # one snapshot of the repository served every step
     assert _owned_by(os.getpid()) == []
