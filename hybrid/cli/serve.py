@@ -150,5 +150,10 @@ def _render(answer: dict[str, Any], stopped: bool) -> None:
     pool = answer.get("pool")
     if pool:
         for key in pool.get("keys", []):
-            click.echo(f"  pool {key['tier']} {key['image'] or 'base image'}: {key['ready']} ready")
+            making = f", {key['making']} being made" if key.get("making") else ""
+            click.echo(
+                f"  pool {key['tier']} {key['image'] or 'base image'}: {key['ready']} ready{making}"
+            )
+        if pool.get("destroying"):
+            click.echo(f"  pool: {pool['destroying']} used sandbox(es) being destroyed")
     sys.stdout.flush()

@@ -102,6 +102,7 @@ class SandboxPool:
         self.idle_seconds = idle_seconds
         self._keys: dict[str, _Key] = {}
         self._doomed: list[str] = []
+        self._destroying = 0
         self._lock = threading.Condition()
         self._closed = False
         self.hits = 0
@@ -146,8 +147,14 @@ class SandboxPool:
                 "idle_seconds": self.idle_seconds,
                 "hits": self.hits,
                 "misses": self.misses,
+                "destroying": len(self._doomed) + self._destroying,
                 "keys": [
-                    {"tier": e.key["tier"], "image": e.key["image"], "ready": len(e.ready)}
+                    {
+                        "tier": e.key["tier"],
+                        "image": e.key["image"],
+                        "ready": len(e.ready),
+                        "making": e.making,
+                    }
                     for e in self._keys.values()
                 ],
             }
@@ -236,6 +243,7 @@ class SandboxPool:
     def _destroy_doomed(self) -> None:
         with self._lock:
             doomed, self._doomed = self._doomed, []
+            self._destroying += len(doomed)
         if not doomed:
             return
         from hybrid.workstation import backend
@@ -246,3 +254,5 @@ class SandboxPool:
             with contextlib.suppress(Exception):
                 labels = client().api.inspect_container(sandbox_id)["Config"]["Labels"] or {}
                 made.remove_container(sandbox_id, labels.get("hybrid.volume"))
+            with self._lock:
+                self._destroying -= 1

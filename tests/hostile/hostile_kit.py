@@ -505,6 +505,12 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     tracker = getattr(resource_tracker._resource_tracker, "_fd", None)
     if tracker is not None:
         pooled.add(str(tracker))
+    # The exec backstop: one helper process per client process, likewise kept until exit.
+    from hybrid.workstation.docker import backstop
+
+    helper = backstop.helper()
+    if helper is not None:
+        pooled.add(str(helper[1]))
     fds = _fds()
     found += [
         f"fd {fd} -> {target}"
@@ -514,7 +520,9 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     found += _busy_threads(base.threads)
     found += [
         f"child process {pid} {name}"
-        for pid, name in _descendants(os.getpid(), skip=set(workers))
+        for pid, name in _descendants(
+            os.getpid(), skip=set(workers) | set(helper[:1] if helper else ())
+        )
         if pid not in base.processes and not _resource_tracker(pid)
     ]
     found += [

@@ -94,6 +94,37 @@ def _spinning(container_id: str) -> float:
     return (second - first) / (t1 - t0)
 
 
+def _backstops_of(pid: int) -> list[int]:
+    """The backstop helpers process ``pid`` started (see hybrid/workstation/docker/backstop.py)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and any(a.endswith(b"/backstop.py") for a in argv):
+            found.append(int(entry))
+    return found
+
+
+def _exited(pid: int, within: float) -> bool:
+    end = time.time() + within
+    while time.time() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _volume_exists(name: str) -> bool:
     return any(v["Name"] == name for v in client().api.volumes().get("Volumes") or [])
 
@@ -160,6 +191,8 @@ def test_a_deadline_holds_when_the_workload_stops_its_watchdog_and_the_client_di
         try:
             started = _wait_for_line(proc, b"started", 120)
             assert _spinning(ws.id) > 0.02, "the loop should be burning CPU before the deadline"
+            helpers = _backstops_of(proc.pid)
+            assert len(helpers) == 1, f"one backstop helper per client, found {helpers}"
             proc.kill()
             proc.wait(30)
             stopped_at = None
@@ -171,11 +204,29 @@ def test_a_deadline_holds_when_the_workload_stops_its_watchdog_and_the_client_di
             assert stopped_at <= started + DEADLINE + SLACK, (
                 f"stopped {stopped_at - started:.1f}s after it started (deadline {DEADLINE}s)"
             )
+            # Its deadline held, the orphaned helper has nothing left to do and goes.
+            assert _exited(helpers[0], within=30), "the backstop helper outlived its deadlines"
             # The workstation itself lives on: the next exec starts it again.
             assert ws.exec("echo back").stdout == "back\n"
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_one_backstop_helper_serves_every_exec_of_a_process(ws):
+    """Execs arm the process's one helper rather than start a Python each; it sees them all."""
+    assert ws.exec("true").ok
+    helpers = _backstops_of(os.getpid())
+    assert len(helpers) == 1, helpers
+    with ThreadPoolExecutor(4) as pool:
+        assert all(r.ok for r in pool.map(lambda _: ws.exec("true"), range(8)))
+    assert _backstops_of(os.getpid()) == helpers
+    # One that died (nothing inside can reach it, but the host's user can) is replaced.
+    os.kill(helpers[0], signal.SIGKILL)
+    assert _exited(helpers[0], within=10)
+    assert ws.exec("true").ok
+    replaced = _backstops_of(os.getpid())
+    assert len(replaced) == 1 and replaced != helpers, replaced
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=str)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
-import subprocess
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -30,66 +28,14 @@ _STOP_WAIT = 10.0
 # The watchdog inside an exec holds its deadline when no client is left to (a killed `hybrid run`):
 # `timeout` ends the command a grace after the supervisor would have, then `kill -1` ends every
 # other process of the sandbox's user, those that left the process group with setsid included
-# (it spares only PID 1 and itself). A sandbox without `timeout` runs the command bare.
+# (it spares only PID 1 and itself). A sandbox without `timeout` runs the command bare. Code of
+# that user can stop the watchdog; then backstop.py holds the deadline from the host.
 _WATCHDOG_GRACE = 1.0
 _WATCHDOG = (
     'd=$1 e=$2; shift 2; command -v timeout >/dev/null 2>&1 || exec "$@"; '
     'timeout -s KILL "$d" "$@"; s=$?; '
     'if [ $s -eq 137 ] && [ "$(date +%s)" -ge "$e" ]; then kill -KILL -1 2>/dev/null; fi; exit $s'
 )
-
-
-# The watchdog above runs as the sandbox's user, so code of that user can kill it. The backstop
-# runs on the host, in a session of its own (a killed client does not take it along) where
-# nothing inside can signal it: past the deadline and a grace it asks the engine whether the
-# exec still runs and, if so, kills the container, as the supervisor would have. The client
-# ends it when the exec ends; it imports the Docker SDK only if it has to act.
-_BACKSTOP_GRACE = 3.0
-_BACKSTOP = """
-import sys, time
-exec_id, container, due = sys.argv[1], sys.argv[2], float(sys.argv[3])
-time.sleep(max(due - time.time(), 0))
-import docker
-api = docker.from_env(timeout=30).api
-try:
-    running = api.exec_inspect(exec_id).get("Running")
-except docker.errors.NotFound:
-    running = False  # the engine drops exec records when the container stops
-if running:
-    api.kill(container)
-"""
-
-
-class _Backstop:
-    """The host-side deadline of one exec (see _BACKSTOP); ``stop`` when the exec ends."""
-
-    def __init__(self, exec_id: str, container: str, deadline: float) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        with contextlib.suppress(OSError):
-            self._proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    _BACKSTOP,
-                    exec_id,
-                    container,
-                    f"{deadline + _BACKSTOP_GRACE:.3f}",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-            )
-
-    def stop(self) -> None:
-        """End it (idempotent)."""
-        if self._proc is not None:
-            with contextlib.suppress(OSError):
-                self._proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(5)
-            self._proc = None
 
 
 class _Supervisor:

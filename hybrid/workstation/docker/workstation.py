@@ -23,7 +23,7 @@ from hybrid.tiers.container import tier_of
 from hybrid.workstation import archive, cgroup, disk, state
 from hybrid.workstation.base import AttachCommand, check_name, command_argv
 from hybrid.workstation.baseline import Baseline
-from hybrid.workstation.docker import services
+from hybrid.workstation.docker import backstop, services
 from hybrid.workstation.docker.egress import egress_log
 from hybrid.workstation.docker.engine import _explain, _stream_client, client, translate
 from hybrid.workstation.docker.labels import (
@@ -51,7 +51,6 @@ from hybrid.workstation.docker.labels import (
 from hybrid.workstation.docker.supervision import (
     _WATCHDOG,
     _WATCHDOG_GRACE,
-    _Backstop,
     _Chunks,
     _ExecStream,
     _Supervisor,
@@ -158,7 +157,7 @@ class DockerWorkstation:
                         raise
                     self._running = False
                     self._ensure_running()
-        backstop = _Backstop(exec_id, self.id, start + deadline)
+        armed = backstop.arm(exec_id, self.id, start + deadline)
         supervisor = _Supervisor(self, stream, start + deadline, meter)
         out, err = bytearray(), bytearray()
         cut = {"stdout": False, "stderr": False}
@@ -184,7 +183,7 @@ class DockerWorkstation:
         finally:
             supervisor.stop()
             stream.close()
-            backstop.stop()
+            backstop.disarm(armed)
         wall_ms = (time.time() - start) * 1000
         code = self._exit_code(exec_id)
         after = meter.sample() if meter is not None else None
