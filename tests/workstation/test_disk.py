@@ -3,6 +3,7 @@ keeps what was written before, and leaves no image, mount or volume behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -180,6 +181,42 @@ def test_gc_drops_an_image_whose_volume_was_never_made(engine):
     assert _leftovers(f"disk-orphan-{os.getpid()}")
     engine.gc()
     assert _leftovers(f"disk-orphan-{os.getpid()}") == []
+
+
+def test_gc_removes_a_volume_the_engine_made_without_labels(engine, tmp_path):
+    """The shape a create racing its own cleanup once left: the engine re-made the removed
+    volume on its own (no labels) bound to the dead client's disk. gc removes it and the disk;
+    an unlabelled volume of a live creator, or bound anywhere else, stays."""
+    from hybrid.workstation.docker import client
+    from hybrid.workstation.docker.labels import _owner
+
+    api = client().api
+    pid = os.getpid()
+    dead, live = f"{socket.gethostname()}:1:0", _owner()
+    names = {
+        "dead": f"hybrid-nolabel-dead-{pid}-workspace",
+        "live": f"hybrid-nolabel-live-{pid}-workspace",
+        "elsewhere": f"hybrid-nolabel-else-{pid}-workspace",
+    }
+    mounts = {
+        "dead": disk.create(names["dead"], 16 * 1024**2, dead, lambda owner: False),
+        "live": disk.create(names["live"], 16 * 1024**2, live, lambda owner: True),
+        "elsewhere": tmp_path / "workspaces" / "x" / "mnt",
+    }
+    try:
+        for key, name in names.items():
+            api.create_volume(name, driver="local", driver_opts=disk.volume_options(mounts[key]))
+        report = engine.gc()
+        assert names["dead"] in report.volumes
+        assert _leftovers(f"nolabel-dead-{pid}") == []
+        kept = {v["Name"] for v in api.volumes()["Volumes"] or []}
+        assert {names["live"], names["elsewhere"]} <= kept
+        assert os.path.ismount(mounts["live"])
+    finally:
+        for name in names.values():
+            with contextlib.suppress(Exception):
+                api.remove_volume(name, force=True)
+        disk.drop(mounts["live"])
 
 
 def test_workspace_below_the_minimum_is_refused(engine, make_spec):

@@ -25,7 +25,7 @@ from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.docker import services
 from hybrid.workstation.docker.egress import _EGRESS_LOG_SIZE, _EGRESS_USER
 from hybrid.workstation.docker.engine import client, translate
-from hybrid.workstation.docker.gc import _remove_volume, disk_gc
+from hybrid.workstation.docker.gc import _remove_volume, disk_gc, unlabelled_workspaces
 from hybrid.workstation.docker.labels import (
     DEFAULT_USER,
     LABEL_BASE,
@@ -636,6 +636,10 @@ class DockerBackend:
                     with contextlib.suppress(WorkstationError):
                         _remove_volume(volume["Name"])
                         report.volumes.append(volume["Name"])
+            for name in unlabelled_workspaces(api, in_use):
+                with contextlib.suppress(WorkstationError):
+                    _remove_volume(name)
+                    report.volumes.append(name)
             disk_gc(api)
             deps_layers.gc(api, report)  # untagged dependency layers, stale staging
             for network in api.networks(filters={"label": f"{LABEL_MANAGED}=1"}):

@@ -38,3 +38,23 @@ def disk_gc(api: Any) -> None:
     for mount in disk.orphans(owner_alive):
         if str(mount) not in bound:
             disk.drop(mount)
+
+
+def unlabelled_workspaces(api: Any, in_use: set[str]) -> list[str]:
+    """Volumes the engine made on its own, without our labels, bound to a workspace disk of this
+    state directory whose creator is gone, that no container uses.
+
+    The engine makes one when a container naming a volume is created after that volume was
+    removed (a create and its cleanup racing); it repeats the options the mount gave, so it
+    binds our disk, but no label-filtered listing finds it."""
+    dead = {str(mount) for mount in disk.orphans(owner_alive)}
+    found = []
+    for volume in api.volumes().get("Volumes") or []:
+        if (volume.get("Labels") or {}).get(LABEL_MANAGED) or volume["Name"] in in_use:
+            continue
+        mount = disk.mount_of(volume)
+        if mount is None or mount.parent.parent != disk.root():
+            continue
+        if str(mount) in dead or not mount.parent.exists():
+            found.append(volume["Name"])
+    return found
