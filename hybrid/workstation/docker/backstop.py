@@ -175,7 +175,8 @@ def _serve() -> None:
         for line in lines:
             match line.decode(errors="replace").split():
                 case ["arm", token, exec_id, container, at]:
-                    armed[token] = (exec_id, container, float(at))
+                    with contextlib.suppress(ValueError):
+                        armed[token] = (exec_id, container, float(at))
                 case ["disarm", token]:
                     armed.pop(token, None)
 
