@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from hybrid.errors import EngineUnavailable
@@ -25,6 +26,9 @@ from hybrid.fanout import NODE_CPUS
 
 START_TIMEOUT = 180.0
 """Seconds one ``ray start`` may take on a loaded machine."""
+
+_CLOSE_WAIT = 10.0
+"""Seconds ``close`` keeps killing until no process of the cluster is left."""
 
 
 def _free_port() -> int:
@@ -176,9 +180,15 @@ class LocalCluster:
 
     def close(self) -> None:
         """End every process of this cluster and remove its temp directory (idempotent)."""
-        for pid in self._tree(self._mine()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Until none is left: a killed process shows its command line until its teardown ends,
+        # and one started between the listing and the kills (a worker a raylet was spawning)
+        # would outlive a single pass.
+        end = time.monotonic() + _CLOSE_WAIT
+        while (left := self._tree(self._mine())) and time.monotonic() < end:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
