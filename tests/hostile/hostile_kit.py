@@ -509,7 +509,9 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     from hybrid.workstation.docker import backstop
 
     helper = backstop.helper()
+    kept = set(workers)
     if helper is not None:
+        kept.add(helper[0])
         pooled.add(str(helper[1]))
     fds = _fds()
     found += [
@@ -520,9 +522,7 @@ def leftovers(base: Baseline, tmp: Path, io: Path, tier: str) -> list[str]:
     found += _busy_threads(base.threads)
     found += [
         f"child process {pid} {name}"
-        for pid, name in _descendants(
-            os.getpid(), skip=set(workers) | set(helper[:1] if helper else ())
-        )
+        for pid, name in _descendants(os.getpid(), skip=kept)
         if pid not in base.processes and not _resource_tracker(pid)
     ]
     found += [
