@@ -41,8 +41,8 @@ def disk_gc(api: Any) -> None:
 
 
 def unlabelled_workspaces(api: Any, in_use: set[str]) -> list[str]:
-    """Volumes the engine made on its own, without our labels, bound to a workspace disk of this
-    state directory whose creator is gone, that no container uses.
+    """Volumes the engine made on its own, without our labels, that no container uses and that
+    bind a workspace disk of this state directory whose creator is gone (or the disk is gone).
 
     The engine makes one when a container naming a volume is created after that volume was
     removed (a create and its cleanup racing); it repeats the options the mount gave, so it
