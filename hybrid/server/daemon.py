@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from hybrid.server.pool import SandboxPool
 
 from hybrid.server import wire
@@ -80,9 +82,14 @@ class _WorkerHandle:
         self.retire = False
         self.lock = threading.Lock()
 
-    def send(self, **message: Any) -> None:
+    def send(self, fds: Sequence[int] = (), **message: Any) -> None:
+        """One JSON line to the worker; ``fds`` go along with its first byte."""
+        data = json.dumps(message).encode() + b"\n"
         with self.lock, contextlib.suppress(OSError):
-            self.control.sendall(json.dumps(message).encode() + b"\n")
+            if fds:
+                socket.send_fds(self.control, [data[:1]], list(fds))
+                data = data[1:]
+            self.control.sendall(data)
 
 
 class Daemon:
@@ -195,7 +202,15 @@ class Daemon:
                     self.last_active = time.monotonic()
             elif op == "acquire":
                 found = self.pool.acquire(message["key"]) if self.pool is not None else None
-                handle.send(id=found and found.id, attrs=found and found.attrs)
+                slot = found.slot if found is not None else None
+                handle.send(
+                    fds=[slot.sock.fileno()] if slot is not None else [],
+                    id=found and found.id,
+                    attrs=found and found.attrs,
+                    slot=slot and slot.exec_id,
+                )
+                if slot is not None:
+                    slot.close()  # the worker holds it now
             elif op == "release" and self.pool is not None:
                 self.pool.release(str(message["id"]))
             elif op == "status":

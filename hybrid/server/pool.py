@@ -10,7 +10,9 @@ goes cold: its sandboxes are destroyed and not replaced.
 Every pooled sandbox is an ordinary one-shot workstation made by ``backend().create`` with the
 job's own spec, so it is as hardened as one made for the job, carries the server's owner label
 (``hybrid ws gc`` and the reaper remove it once the server is gone) and its PID 1 ends it
-after its lifetime even if nobody does.
+after its lifetime even if nobody does. Each also comes with a slot (slot.py): an exec already
+started in it, waiting for the job's command, which the daemon hands to the job's worker with
+the reply (the connection's descriptor), so the command does not wait for ``runc exec``.
 
 The server's workers call ``acquire`` (tiers/container.py does, for any container tier); the
 daemon's ``SandboxPool`` answers over the worker's control line. Outside a server ``acquire``
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from hybrid.policy import SandboxSpec
     from hybrid.server.worker import Control
     from hybrid.workstation.docker import DockerWorkstation
+    from hybrid.workstation.docker.slot import Slot
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +76,14 @@ def sandbox(tier: str, image: str | None, spec: SandboxSpec) -> Iterator[DockerW
         # The daemon's record of the container as made: no engine call on the job's path.
         container = client().containers.prepare_model(reply["attrs"])
         ws = DockerWorkstation(container, backend())
+    if reply.get("slot") and reply.get("fd") is not None:
+        from hybrid.workstation.docker.slot import Slot
+
+        ws.take_slot(Slot(str(reply["slot"]), socket.socket(fileno=int(reply["fd"]))))
     try:
         yield ws
     finally:
+        ws.drop_slot()
         # The daemon destroys it off the job's path; it is never handed out again.
         _control.tell(op="release", id=ws.id)
 
@@ -83,6 +92,7 @@ def sandbox(tier: str, image: str | None, spec: SandboxSpec) -> Iterator[DockerW
 class _Ready:
     id: str
     attrs: dict[str, Any]  # the engine's inspect of the started container
+    slot: Slot | None = None  # an exec already waiting for the job's command (slot.py)
     made: float = field(default_factory=time.monotonic)
 
 
@@ -106,6 +116,7 @@ class SandboxPool:
         self._lock = threading.Condition()
         self._closed = False
         self.hits = 0
+        self.slotted = 0  # hits whose sandbox had a slot waiting (slot.py)
         self.misses = 0
         self._thread = threading.Thread(target=self._loop, name="hybrid-pool", daemon=True)
         self._thread.start()
@@ -123,9 +134,10 @@ class SandboxPool:
                 got = entry.ready.pop(0)
                 if now - got.made < self.idle_seconds:
                     self.hits += 1
+                    self.slotted += got.slot is not None
                     self._lock.notify_all()
                     return got
-                self._doomed.append(got.id)
+                self._doom(got)
             self.misses += 1
             self._lock.notify_all()
         return None
@@ -146,6 +158,7 @@ class SandboxPool:
                 "size": self.size,
                 "idle_seconds": self.idle_seconds,
                 "hits": self.hits,
+                "slotted": self.slotted,
                 "misses": self.misses,
                 "destroying": len(self._doomed) + self._destroying,
                 "keys": [
@@ -164,7 +177,8 @@ class SandboxPool:
         with self._lock:
             self._closed = True
             for entry in self._keys.values():
-                self._doomed += [r.id for r in entry.ready]
+                for ready in entry.ready:
+                    self._doom(ready)
                 entry.ready.clear()
             self._lock.notify_all()
         self._thread.join(120)
@@ -202,16 +216,22 @@ class SandboxPool:
                 todo.making -= 1
                 if made is not None:
                     if self._closed:
-                        self._doomed.append(made.id)
+                        self._doom(made)
                     else:
                         todo.ready.append(made)
+
+    def _doom(self, ready: _Ready) -> None:
+        """Have ``ready`` destroyed (its slot's shell ends at once: nothing will come)."""
+        if ready.slot is not None:
+            ready.slot.close()
+        self._doomed.append(ready.id)
 
     def _retire(self) -> None:
         now = time.monotonic()
         for name, entry in list(self._keys.items()):
             for ready in [r for r in entry.ready if now - r.made >= self.idle_seconds]:
                 entry.ready.remove(ready)
-                self._doomed.append(ready.id)
+                self._doom(ready)
             if now - entry.wanted >= self.idle_seconds and not entry.ready and not entry.making:
                 del self._keys[name]
 
@@ -238,7 +258,7 @@ class SandboxPool:
             log.warning("pool: cannot make a %s sandbox: %s", key["tier"], exc)
             time.sleep(5)
             return None
-        return _Ready(ws.id, ws.attrs())
+        return _Ready(ws.id, ws.attrs(), _open_slot(ws))
 
     def _destroy_doomed(self) -> None:
         with self._lock:
@@ -256,3 +276,15 @@ class SandboxPool:
                 made.remove_container(sandbox_id, labels.get("hybrid.volume"))
             with self._lock:
                 self._destroying -= 1
+
+
+def _open_slot(ws: DockerWorkstation) -> Slot | None:
+    """An exec waiting in ``ws`` for the job's command (None if it cannot be started: the job
+    then makes an ordinary exec)."""
+    from hybrid.workstation.docker.slot import open_slot
+
+    try:
+        return open_slot(ws.id, ws.user, ws._environment(None), ws.spec.workspace)
+    except Exception as exc:
+        log.warning("pool: no slot in %s: %s", ws.name, exc)
+        return None

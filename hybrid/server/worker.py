@@ -54,24 +54,49 @@ class Control:
             self.sock.sendall(json.dumps(message).encode() + b"\n")
 
     def ask(self, timeout: float = 30.0, **message: Any) -> dict[str, Any] | None:
-        """Send a request and wait for its reply (None if the daemon is gone or slow)."""
+        """Send a request and wait for its reply (None if the daemon is gone or slow).
+
+        A reply that came with a descriptor has it as ``fd``; it is the caller's to close."""
         with self.cond:
-            self.replies.clear()
+            self._drop_replies()
         self.tell(**message)
         with self.cond:
             self.cond.wait_for(lambda: self.replies or self.gone, timeout)
             return self.replies.pop(0) if self.replies else None
 
+    def _drop_replies(self) -> None:
+        # Replies nobody waits for any more (a timed-out ask): their descriptors go too.
+        for stale in self.replies:
+            if stale.get("fd") is not None:
+                with contextlib.suppress(OSError):
+                    os.close(stale["fd"])
+        self.replies.clear()
+
     def _read(self) -> None:
-        stream = self.sock.makefile("rb")
-        for line in stream:
-            message = json.loads(line)
-            with self.cond:
-                if message.get("op") == "stop":
-                    self.stopping = True
-                else:
-                    self.replies.append(message)
-                self.cond.notify_all()
+        pending = b""
+        fds: list[int] = []
+        while True:
+            try:
+                data, received, _, _ = socket.recv_fds(self.sock, 65536, 4)
+            except OSError:
+                break
+            fds += received  # they come with the first byte of the line they belong to
+            if not data:
+                break
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if message.get("slot"):
+                    message["fd"] = fds.pop(0) if fds else None
+                with self.cond:
+                    if message.get("op") == "stop":
+                        self.stopping = True
+                    else:
+                        self.replies.append(message)
+                    self.cond.notify_all()
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         with self.cond:
             self.gone = True
             self.cond.notify_all()

@@ -93,6 +93,7 @@ def test_a_job_sees_nothing_of_the_previous_one(pooled: tuple[Server, str], engi
 
     status = server.status() or {}
     assert status["pool"]["hits"] >= 2, status  # both jobs ran in pooled sandboxes
+    assert status["pool"]["slotted"] >= 2, status  # ... through the exec waiting in each
     # The sandbox the first job used is destroyed, not returned to the pool.
     wait_for(
         lambda: not first_pool & {row["Id"] for row in owned_by(api, server.info["pid"])},

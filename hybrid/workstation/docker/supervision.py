@@ -103,7 +103,29 @@ class _ExecStream:
     Iteration ends quietly when the engine ends the stream or ``close`` (from any thread) cuts it.
     """
 
-    def __init__(self, api: docker.APIClient, exec_id: str) -> None:
+    def __init__(
+        self, reader: io.BufferedReader, sock: socket.socket, response: Any = None
+    ) -> None:
+        self._reader = reader
+        self._sock = sock
+        self._response = response
+        self._closed = False
+
+    @classmethod
+    def start(cls, api: docker.APIClient, exec_id: str) -> _ExecStream:
+        """Start the exec and read its output."""
+        response = cls.post_start(api, exec_id)
+        reader: io.BufferedReader = response.raw._fp.fp
+        return cls(reader, reader.raw._sock, response)  # type: ignore[attr-defined]
+
+    @classmethod
+    def over(cls, sock: socket.socket) -> _ExecStream:
+        """The output of an exec started earlier (slot.py), read from its connection."""
+        return cls(sock.makefile("rb"), sock)
+
+    @staticmethod
+    def post_start(api: docker.APIClient, exec_id: str) -> Any:
+        """Start the exec attached; the engine's response, its headers read, the stream not."""
         response = api._post_json(
             api._url("/exec/{0}/start", exec_id),
             headers={"Connection": "Upgrade", "Upgrade": "tcp"},
@@ -111,9 +133,7 @@ class _ExecStream:
             stream=True,
         )
         api._raise_for_status(response)
-        self._response = response
-        self._reader: io.BufferedReader = response.raw._fp.fp
-        self._closed = False
+        return response
 
     def __iter__(self) -> Iterator[tuple[str, bytes]]:
         while True:
@@ -143,9 +163,12 @@ class _ExecStream:
         """Cut the stream (idempotent, safe from another thread): a blocked read returns."""
         self._closed = True
         with contextlib.suppress(Exception):
-            self._reader.raw._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[attr-defined]
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(Exception):
-            self._response.close()
+            self._reader.close()
+        if self._response is not None:
+            with contextlib.suppress(Exception):
+                self._response.close()
 
 
 class _Chunks(io.RawIOBase):

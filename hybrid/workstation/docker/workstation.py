@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import secrets
 import shutil
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -48,6 +50,7 @@ from hybrid.workstation.docker.labels import (
     _owner,
     _owner_ids,
 )
+from hybrid.workstation.docker.slot import Slot
 from hybrid.workstation.docker.supervision import (
     _WATCHDOG,
     _WATCHDOG_GRACE,
@@ -65,6 +68,11 @@ if TYPE_CHECKING:
     from hybrid.workstation.docker.backend import DockerBackend
     from hybrid.workstation.egress import EgressEvent
 
+
+_Started = tuple[str, _ExecStream, "cgroup.Cgroup | None", "cgroup.Sample | None", float]
+"""A command under way: its exec id, its output, the cgroup meter, its first sample, its start."""
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _REAP_POLLS = 40
 """exec_inspect calls (5 ms apart) an exec that ended its output may take to be reaped."""
@@ -94,6 +102,8 @@ class DockerWorkstation:
         # The init's pid as last seen, so an exec finds the cgroup without asking the engine.
         self._pid = int(container.attrs.get("State", {}).get("Pid") or 0) if self._running else 0
         self._closed = False
+        self._slot: Slot | None = None
+        self._slot_lock = threading.Lock()  # concurrent execs: one of them takes the slot
 
     # -- running commands -------------------------------------------------------------------
 
@@ -113,50 +123,14 @@ class DockerWorkstation:
             workdir = f"{self.spec.workspace}/{workdir}"
         environment = self._environment(env)
         limit = self.spec.budget.output_bytes
-        api = client().api
         self._ensure_running()
-
-        def create() -> str:
-            watched = [
-                "/bin/sh",
-                "-c",
-                _WATCHDOG,
-                "hybrid-watchdog",
-                f"{deadline + _WATCHDOG_GRACE:.3f}",
-                str(int(time.time() + deadline)),
-                *argv,
-            ]
-            return str(
-                api.exec_create(
-                    self.id,
-                    watched,
-                    environment=environment,
-                    workdir=workdir or self.spec.workspace,
-                    user=self.user,
-                )["Id"]
-            )
-
-        with translate(f"exec in {self.name}"):
-            for attempt in range(2):
-                meter = None
-                try:
-                    exec_id = create()
-                    meter = self._cgroup()
-                    before = meter.sample() if meter is not None else None
-                    start = time.time()
-                    stream = _ExecStream(_stream_client(), exec_id)
-                    break
-                except errors.APIError as exc:
-                    # The container stopped before the command started (another exec's deadline
-                    # killed it; the engine then drops the exec records it held): nothing ran,
-                    # so start it again and run the command once more.
-                    if meter is not None:
-                        meter.close()
-                    reason = _explain(exc)
-                    if attempt or not ("is not running" in reason or "No such exec" in reason):
-                        raise
-                    self._running = False
-                    self._ensure_running()
+        workdir = workdir or self.spec.workspace
+        with self._slot_lock:
+            slot, self._slot = self._slot, None
+        started = self._start_in_slot(slot, argv, environment, workdir, deadline)
+        if started is None:
+            started = self._start_exec(argv, environment, workdir, deadline)
+        exec_id, stream, meter, before, start = started
         armed = backstop.arm(exec_id, self.id, start + deadline)
         supervisor = _Supervisor(self, stream, start + deadline, meter)
         out, err = bytearray(), bytearray()
@@ -184,6 +158,8 @@ class DockerWorkstation:
             supervisor.stop()
             stream.close()
             backstop.disarm(armed)
+            if slot is not None:
+                slot.close()
         wall_ms = (time.time() - start) * 1000
         code = self._exit_code(exec_id)
         after = meter.sample() if meter is not None else None
@@ -211,6 +187,95 @@ class DockerWorkstation:
             usage=_usage(wall_ms, used, termination, self.spec.budget.memory),
             detail=detail,
         )
+
+    def _start_exec(
+        self, argv: list[str], environment: dict[str, str], workdir: str, deadline: float
+    ) -> _Started:
+        """Create and start an exec of ``argv`` under the watchdog."""
+        api = client().api
+        with translate(f"exec in {self.name}"):
+            for attempt in range(2):
+                meter = None
+                try:
+                    exec_id = str(
+                        api.exec_create(
+                            self.id,
+                            [
+                                "/bin/sh",
+                                "-c",
+                                _WATCHDOG,
+                                "hybrid-watchdog",
+                                f"{deadline + _WATCHDOG_GRACE:.3f}",
+                                str(int(time.time() + deadline)),
+                                *argv,
+                            ],
+                            environment=environment,
+                            workdir=workdir,
+                            user=self.user,
+                        )["Id"]
+                    )
+                    meter = self._cgroup()
+                    before = meter.sample() if meter is not None else None
+                    start = time.time()
+                    return (
+                        exec_id,
+                        _ExecStream.start(_stream_client(), exec_id),
+                        meter,
+                        before,
+                        start,
+                    )
+                except errors.APIError as exc:
+                    # The container stopped before the command started (another exec's deadline
+                    # killed it; the engine then drops the exec records it held): nothing ran,
+                    # so start it again and run the command once more.
+                    if meter is not None:
+                        meter.close()
+                    reason = _explain(exc)
+                    if attempt or not ("is not running" in reason or "No such exec" in reason):
+                        raise
+                    self._running = False
+                    self._ensure_running()
+        raise AssertionError("unreachable")
+
+    def _start_in_slot(
+        self,
+        slot: Slot | None,
+        argv: list[str],
+        environment: dict[str, str],
+        workdir: str,
+        deadline: float,
+    ) -> _Started | None:
+        """Hand ``argv`` to the exec waiting in ``slot``; None when there is none waiting."""
+        if slot is None:
+            return None
+        # A shell that is gone (a kill, a restart), or a name `export` cannot set: an ordinary
+        # exec then.
+        if not slot.waiting() or not all(_ENV_NAME.fullmatch(name) for name in environment):
+            slot.close()
+            return None
+        meter = self._cgroup()
+        before = meter.sample() if meter is not None else None
+        try:
+            stream, start = slot.start(argv, environment, workdir, deadline)
+        except OSError:
+            slot.close()
+            if meter is not None:
+                meter.close()
+            return None
+        return slot.exec_id, stream, meter, before, start
+
+    def take_slot(self, slot: Slot) -> None:
+        """Run the next command through ``slot``, an exec already waiting in this sandbox."""
+        self.drop_slot()
+        with self._slot_lock:
+            self._slot = slot
+
+    def drop_slot(self) -> None:
+        """Close an unused slot (its shell exits without running anything)."""
+        with self._slot_lock:
+            slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.close()
 
     def _cgroup(self) -> cgroup.Cgroup | None:
         # Found through the container's init, so runc's cgroup and runsc's sandbox cgroup alike;
@@ -630,6 +695,7 @@ class DockerWorkstation:
     def remove(self) -> None:
         """Delete the container, its workspace volume, and its fork snapshot when no one else uses it."""
         self._closed = True
+        self.drop_slot()
         self._backend.remove_container(self.id, self.volume)
 
     def close(self) -> None:
