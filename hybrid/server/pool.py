@@ -281,10 +281,8 @@ class SandboxPool:
 def _open_slot(ws: DockerWorkstation) -> Slot | None:
     """An exec waiting in ``ws`` for the job's command (None if it cannot be started: the job
     then makes an ordinary exec)."""
-    from hybrid.workstation.docker.slot import open_slot
-
     try:
-        return open_slot(ws.id, ws.user, ws._environment(None), ws.spec.workspace)
+        return ws.open_slot()
     except Exception as exc:
         log.warning("pool: no slot in %s: %s", ws.name, exc)
         return None

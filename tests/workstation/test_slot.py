@@ -11,13 +11,13 @@ import pytest
 from hybrid.policy import Environment, SandboxSpec
 from hybrid.results import Termination
 from hybrid.workstation.docker import client
-from hybrid.workstation.docker.slot import Slot, open_slot
+from hybrid.workstation.docker.slot import Slot
 
 pytestmark = pytest.mark.engine
 
 
 def _slot(ws) -> Slot:  # type: ignore[no-untyped-def]
-    slot = open_slot(ws.id, ws.user, ws._environment(None), ws.spec.workspace)
+    slot = ws.open_slot()
     ws.take_slot(slot)
     return slot
 

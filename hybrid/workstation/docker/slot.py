@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from hybrid.workstation.docker.engine import _stream_client, client
-from hybrid.workstation.docker.supervision import _WATCHDOG, _WATCHDOG_GRACE, _ExecStream
+from hybrid.workstation.docker.supervision import _WATCHDOG, _ExecStream, watchdog_words
 
 # $1 is the watchdog script; the job line ends in `exec /bin/sh -c "$1" ...`.
 _LAUNCHER = "nl='\n'; IFS= read -r job || exit 0; eval \"$job\""
@@ -50,7 +50,7 @@ class Slot:
     ) -> tuple[_ExecStream, float]:
         """Send the job; its output stream and the epoch time it was sent (its start)."""
         started = time.time()
-        words = [f"{deadline + _WATCHDOG_GRACE:.3f}", str(int(started + deadline)), *argv]
+        words = watchdog_words(deadline, started, argv)
         exports = "".join(f"export {name}={_quote(value)}; " for name, value in env.items())
         line = (
             f"cd {_quote(workdir)} || exit 126; {exports}"
@@ -84,8 +84,7 @@ def open_slot(container: str, user: str, env: dict[str, str], workdir: str) -> S
     response = _ExecStream.post_start(_stream_client(), exec_id)
     # The shell has printed nothing (it waits for its line), so the response's reader holds
     # nothing past the headers: the socket alone carries the rest.
-    sock: socket.socket = response.raw._fp.fp.raw._sock
-    sock = sock.dup()
+    sock = _ExecStream.socket_of(response).dup()
     response.close()
     return Slot(exec_id, sock)
 

@@ -38,6 +38,12 @@ _WATCHDOG = (
 )
 
 
+def watchdog_words(deadline: float, started: float, argv: list[str]) -> list[str]:
+    """The watchdog's arguments for a command started at epoch ``started`` with ``deadline``
+    seconds: its own deadline (a grace later) and the epoch past which it may ``kill -1``."""
+    return [f"{deadline + _WATCHDOG_GRACE:.3f}", str(int(started + deadline)), *argv]
+
+
 class _Supervisor:
     """Watches one exec: kills the container at the deadline, and notices a sandbox that died."""
 
@@ -115,13 +121,18 @@ class _ExecStream:
     def start(cls, api: docker.APIClient, exec_id: str) -> _ExecStream:
         """Start the exec and read its output."""
         response = cls.post_start(api, exec_id)
-        reader: io.BufferedReader = response.raw._fp.fp
-        return cls(reader, reader.raw._sock, response)  # type: ignore[attr-defined]
+        return cls(response.raw._fp.fp, cls.socket_of(response), response)
 
     @classmethod
     def over(cls, sock: socket.socket) -> _ExecStream:
         """The output of an exec started earlier (slot.py), read from its connection."""
         return cls(sock.makefile("rb"), sock)
+
+    @staticmethod
+    def socket_of(response: Any) -> socket.socket:
+        """The connection under a started exec's response (the SDK keeps it three levels in)."""
+        sock: socket.socket = response.raw._fp.fp.raw._sock
+        return sock
 
     @staticmethod
     def post_start(api: docker.APIClient, exec_id: str) -> Any:

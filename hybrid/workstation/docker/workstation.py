@@ -50,13 +50,13 @@ from hybrid.workstation.docker.labels import (
     _owner,
     _owner_ids,
 )
-from hybrid.workstation.docker.slot import Slot
+from hybrid.workstation.docker.slot import Slot, open_slot
 from hybrid.workstation.docker.supervision import (
     _WATCHDOG,
-    _WATCHDOG_GRACE,
     _Chunks,
     _ExecStream,
     _Supervisor,
+    watchdog_words,
 )
 
 if TYPE_CHECKING:
@@ -205,9 +205,7 @@ class DockerWorkstation:
                                 "-c",
                                 _WATCHDOG,
                                 "hybrid-watchdog",
-                                f"{deadline + _WATCHDOG_GRACE:.3f}",
-                                str(int(time.time() + deadline)),
-                                *argv,
+                                *watchdog_words(deadline, time.time(), argv),
                             ],
                             environment=environment,
                             workdir=workdir,
@@ -263,6 +261,11 @@ class DockerWorkstation:
                 meter.close()
             return None
         return slot.exec_id, stream, meter, before, start
+
+    def open_slot(self) -> Slot:
+        """Start an exec that waits for a command of this sandbox (slot.py), for ``take_slot``:
+        as this sandbox's user, in its workspace, with its environment."""
+        return open_slot(self.id, self.user, self._environment(None), self.spec.workspace)
 
     def take_slot(self, slot: Slot) -> None:
         """Run the next command through ``slot``, an exec already waiting in this sandbox."""
