@@ -3,7 +3,7 @@
 The strongest boundary here: the guest has its own Linux kernel, a read-only root, no network
 device and only the workspace (and read-only mounts) shared over 9p. KVM when the host's KVM
 can boot a stock kernel, TCG otherwise (``hybrid.workstation.microvm.vm.accel`` says which and
-why). The artifacts come from ``hybrid image microvm`` (Debian kernel, busybox, base image).
+why). The artifacts come from ``hybrid image microvm`` (Debian kernel, the guest agent compiled here, base image).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class MicrovmTier:
 
         if shutil.which(vm.QEMU) is None:
             return Probe(
-                False, "QEMU is not installed", "apt-get install -y qemu-system-x86 busybox-static"
+                False, "QEMU is not installed", "apt-get install -y qemu-system-x86 gcc libc6-dev"
             )
         accelerator, why = vm.accel()
         artifacts = build.built()

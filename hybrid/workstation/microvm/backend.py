@@ -3,7 +3,7 @@
 The workspace is a size-capped ext4 image loop-mounted on the host (``hybrid.workstation.disk``)
 and shared into the guest over 9p, so ``put``/``get``/``diff`` work on host files as the local
 backend does (with symlinks the guest planted refused), while commands run only inside the VM,
-through the guest agent (``guest/agent.py``), as uid 1000 without capabilities. Read-only
+through the guest agent (``guest/agent.c``), as uid 1000 without capabilities. Read-only
 mounts from the spec are further 9p shares. Nothing else of the host is in the guest: its root
 is the base image, read-only; it has no network device.
 

@@ -3,8 +3,9 @@
 * kernel: Debian's generic ``linux-image-*-amd64`` (fetched with ``apt-get download``, so the
   machine's own apt sources say where from). Its bzImage is unpacked to the ELF ``vmlinux`` that
   QEMU boots directly (PVH); the generic flavour, not ``-cloud``, because only it ships 9p.
-* initramfs: busybox-static, the few modules the guest needs (virtio-mmio, -blk, -console, ext4,
-  9p), ``guest/init`` and the guest agent ``guest/agent.py``.
+* initramfs: the few modules the guest needs (virtio-mmio, -blk, -console, ext4, 9p) and the
+  guest agent ``guest/agent.c``, compiled here with ``cc -static`` into ``/init``: it loads the
+  modules, mounts the root and serves the host, one static binary and no shell.
 * rootfs: the base image (``docker export``) as an ext4 image, mounted read-only by the guest.
 
 Each artifact lives in a directory named by a digest of its inputs, written atomically, so two
@@ -46,9 +47,10 @@ MODULES = (
     "9p",
 )
 """Guest modules to load, dependencies first (their own dependencies are added)."""
-BUSYBOX = Path("/bin/busybox")
-INITRAMFS_LAYOUT = "2"
-"""Bumped when _initramfs writes its inputs differently (2: modules without signatures)."""
+COMPILER = "cc"
+INITRAMFS_LAYOUT = "3"
+"""Bumped when _initramfs writes its inputs differently (2: modules without signatures; 3: the
+compiled agent is /init)."""
 SIGNATURE_MAGIC = b"~Module signature appended~\n"
 GUEST = Path(__file__).parent / "guest"
 Progress = Callable[[str], None]
@@ -58,7 +60,7 @@ class Artifacts(BaseModel):
     """What a microVM boots: kernel, initramfs and root filesystem."""
 
     kernel: Path = Field(description="Uncompressed ELF vmlinux (PVH entry).")
-    initramfs: Path = Field(description="newc cpio: busybox, modules, init, guest agent.")
+    initramfs: Path = Field(description="newc cpio: the modules and the guest agent as /init.")
     rootfs: Path = Field(description="ext4 image of the base image, attached read-only.")
     key: str = Field(description="Digest of every input: names the snapshots made from them.")
     kernel_package: str
@@ -205,32 +207,43 @@ def _depends(module: Path) -> list[str]:
 
 
 def _initramfs_dir(kernel_dir: Path) -> Path:
-    """Where the initramfs of these guest sources (init, agent, busybox) for this kernel lives."""
+    """Where the initramfs of this guest agent (source and compiler) for this kernel lives."""
     key = _digest(INITRAMFS_LAYOUT, kernel_dir.name, *_guest_hashes())
     return cache() / f"initramfs-{key}"
 
 
 @functools.cache
 def _guest_hashes() -> tuple[str, ...]:
-    # Once per process: built() runs on every VM create and listing, and busybox is 2 MB.
-    inputs = [(GUEST / "init").read_bytes(), (GUEST / "agent.py").read_bytes()]
-    inputs.append(BUSYBOX.read_bytes() if BUSYBOX.is_file() else b"")
-    return tuple(map(_hash, inputs))
+    # Once per process: built() runs on every VM create and listing.
+    return (_hash((GUEST / "agent.c").read_bytes()), _hash(_compiler().encode()))
+
+
+@functools.cache
+def _compiler() -> str:
+    """The C compiler's version line ('' without one: then building says how to get it)."""
+    with contextlib.suppress(OSError):
+        done = subprocess.run([COMPILER, "--version"], capture_output=True, text=True)
+        return (done.stdout.splitlines() or [""])[0]
+    return ""
 
 
 def _initramfs(kernel_dir: Path, say: Progress) -> Path:
-    if not BUSYBOX.is_file():
-        raise EngineUnavailable(
-            "the microvm initramfs needs busybox: apt-get install busybox-static"
-        )
     out = _initramfs_dir(kernel_dir)
     target = out / "initramfs.cpio"
     if target.exists():
         return target
+    if not _compiler():
+        raise EngineUnavailable(
+            "the microvm guest agent is compiled here: apt-get install gcc libc6-dev"
+        )
     with _building(out) as tmp:
+        say("compiling the guest agent")
+        _run(
+            [COMPILER, "-static", "-O2", "-o", str(tmp / "init"), str(GUEST / "agent.c"), "-lm"],
+            "compiling the guest agent (apt-get install gcc libc6-dev)",
+        )
         say("writing the initramfs")
         entries: list[tuple[str, int, bytes]] = [
-            ("bin", 0o40755, b""),
             ("dev", 0o40755, b""),
             ("proc", 0o40755, b""),
             ("sys", 0o40755, b""),
@@ -239,16 +252,14 @@ def _initramfs(kernel_dir: Path, say: Progress) -> Path:
             ("upper", 0o40755, b""),
             ("lib", 0o40755, b""),
             ("lib/modules", 0o40755, b""),
-            ("bin/busybox", 0o100755, BUSYBOX.read_bytes()),
-            ("bin/sh", 0o120777, b"busybox"),
-            ("init", 0o100755, (GUEST / "init").read_bytes()),
-            ("agent.py", 0o100644, (GUEST / "agent.py").read_bytes()),
+            ("init", 0o100755, (tmp / "init").read_bytes()),
             ("modules.order", 0o100644, (kernel_dir / "modules.order").read_bytes()),
         ]
         for module in sorted((kernel_dir / "modules").iterdir()):
             data = _unsigned(module.read_bytes())
             entries.append((f"lib/modules/{module.name}", 0o100644, data))
         (tmp / "initramfs.cpio").write_bytes(_cpio(entries))
+        (tmp / "init").unlink()
     return target
 
 
