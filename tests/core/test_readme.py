@@ -3,7 +3,8 @@
 Python blocks run as scripts (``python3 snippet.py``, so a missing ``if __name__ == "__main__":``
 shows), the TOML policy loads as a SandboxSpec, and shell blocks run line by line in bash. A
 comment line ``<!-- readme-test: ... -->`` right before a block says where it runs (``cwd:
-DIR``), that it needs the Docker engine (``engine``), or why it is not run (``skip: REASON``).
+DIR``), that it needs the Docker engine or another tier (``engine``, ``bwrap``, ``microvm``), or
+why it is not run (``skip: REASON``).
 Shell blocks run from a scratch directory that links to the checkout's examples/, tests/ and hybrid/, with
 /tmp/ paths and workstation names made unique, so concurrent runs never meet.
 """
@@ -97,8 +98,9 @@ def test_snippet_runs(
 ) -> None:
     if "skip" in notes:
         pytest.skip(f"README.md:{line}: {notes['skip']}")
-    if "engine" in notes:
-        request.getfixturevalue("engine")  # skips (or fails under HYBRID_REQUIRE_ENGINE=1)
+    for note, fixture in (("engine", "engine"), ("bwrap", "bwrap_backend"), ("microvm", "microvm")):
+        if note in notes:
+            request.getfixturevalue(fixture)  # skips (or fails under HYBRID_REQUIRE_ENGINE=1)
     cwd = REPO / notes["cwd"] if "cwd" in notes else scratch
     env = {**os.environ, "PYTHONPATH": str(REPO), "DEPLOY_TOKEN": "tok-0123456789abcdef"}
     if lang == "toml":
