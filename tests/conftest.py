@@ -21,6 +21,10 @@ import pytest
 
 from hybrid.tiers.container import container_tiers
 
+# Test modules import tests/polling.py by name: --import-mode=importlib puts no test directory on
+# sys.path.
+sys.path.insert(0, str(Path(__file__).parent))
+
 # A private cache and state per session, so tests neither read nor pollute the user's; removed
 # when the session ends (pytest_unconfigure).
 _PRIVATE: list[str] = []

@@ -677,13 +677,3 @@ def jobs_of(pid: int) -> dict[str, str]:
             if api.exec_start(exec_id).decode().strip() == "alive":
                 found[name] = "alive"
     return found
-
-
-def wait_for(check: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
-    """Poll ``check`` until it returns something true or ``timeout`` passes; its last value."""
-    end = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(step)

@@ -26,8 +26,8 @@ from hostile_kit import (
     containers_of,
     hybrid_cli,
     jobs_of,
-    wait_for,
 )
+from polling import wait_for
 
 from hybrid import owner
 

@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 
 from hybrid.wasm.python import run_python
 
@@ -57,15 +57,6 @@ POOL_PARENT = textwrap.dedent(
 )
 
 
-def _wait_for(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
-    end = time.time() + seconds
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -99,7 +90,7 @@ def test_a_killed_runners_directory_is_reaped_by_the_next_process(tmp_path: Path
     victim = subprocess.Popen([sys.executable, "-c", VICTIM], env=env)
     runners: set[int] = set()
     try:
-        assert _wait_for(lambda: any(tmp_path.glob("hybrid-py-*/*-stdout")), 120), (
+        assert wait_for(lambda: any(tmp_path.glob("hybrid-py-*/*-stdout")), 120), (
             "the victim's run never started"
         )
         runners = _owners(tmp_path)
@@ -108,7 +99,7 @@ def test_a_killed_runners_directory_is_reaped_by_the_next_process(tmp_path: Path
     finally:
         victim.kill()
         victim.wait(30)
-    assert _wait_for(lambda: not any(_alive(pid) for pid in runners), 30)
+    assert wait_for(lambda: not any(_alive(pid) for pid in runners), 30)
     left = list(tmp_path.glob("hybrid-py-*"))
     assert left, "SIGKILL leaves the runner's directory (its pipes included)"
 
@@ -131,13 +122,13 @@ def test_a_pool_whose_parent_is_killed_takes_its_workers_and_their_directories(t
         workers = [int(pid) for pid in parent.stdout.readline().split()]
         assert len(workers) == 2, "the pool never started"
         # Each pool worker runs its guests in a guest worker of its own (isolation.py).
-        assert _wait_for(lambda: len(_owners(tmp_path)) >= 2, 30)
+        assert wait_for(lambda: len(_owners(tmp_path)) >= 2, 30)
         workers += sorted(_owners(tmp_path))
     finally:
         parent.kill()
         parent.wait(30)
     try:
-        assert _wait_for(lambda: not any(_alive(pid) for pid in workers), 30), (
+        assert wait_for(lambda: not any(_alive(pid) for pid in workers), 30), (
             "the pool's workers outlived their killed parent"
         )
         assert list(tmp_path.glob("hybrid-py-*")) == [], "the workers' directories were left"

@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+
+from polling import wait_for
 
 from hybrid import owner
 
@@ -43,15 +44,6 @@ def _marked(root: Path, prefix: str, pid: int) -> list[Path]:
     return sorted(root.glob(f"{prefix}{pid}-*"))
 
 
-def _wait_for(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
-    end = time.time() + seconds
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_a_killed_runs_directories_are_reaped_by_the_next_process(probe: Path, tmp_path: Path):
     from hybrid.wasm.runtime import scratch_capped
 
@@ -63,7 +55,7 @@ def test_a_killed_runs_directories_are_reaped_by_the_next_process(probe: Path, t
     victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(probe)], env=env)
     try:
         # The run is under way once its directories exist.
-        assert _wait_for(
+        assert wait_for(
             lambda: (
                 (capped or _marked(tmp_path, "hybrid-run-", victim.pid))
                 and (not shm.is_dir() or _marked(shm, "hybrid-io-", victim.pid))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from polling import wait_for
 
 from hybrid.policy import Environment, SandboxSpec
 from hybrid.results import Termination
@@ -20,15 +21,6 @@ def _slot(ws) -> Slot:  # type: ignore[no-untyped-def]
     slot = ws.open_slot()
     ws.take_slot(slot)
     return slot
-
-
-def _wait(predicate, seconds: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_the_command_runs_in_the_slot_exactly_as_an_exec_would(engine, tier, make_spec):
@@ -70,7 +62,9 @@ def test_a_slot_whose_shell_was_killed_gives_way_to_an_exec(ws):
     kill = 'for p in /proc/[0-9]*; do case "$(tr "\\0" " " < $p/cmdline)" in *hybrid-sl""ot*) kill -9 ${p#/proc/};; esac; done 2>/dev/null; true'
     killer = api.exec_create(ws.id, ["sh", "-c", kill], user=ws.user)["Id"]
     api.exec_start(killer)
-    assert _wait(lambda: not slot.waiting()), "the engine kept the dead shell's stream open"
+    assert wait_for(lambda: not slot.waiting(), 30, 0.05), (
+        "the engine kept the dead shell's stream open"
+    )
     result = ws.exec(["echo", "ran"])
     assert (result.termination, result.stdout) == (Termination.OK, "ran\n"), result
 
@@ -79,6 +73,6 @@ def test_a_slot_closed_unused_runs_nothing(ws):
     slot = _slot(ws)
     ws.drop_slot()
     api = client().api
-    assert _wait(lambda: not api.exec_inspect(slot.exec_id)["Running"])
+    assert wait_for(lambda: not api.exec_inspect(slot.exec_id)["Running"], 30, 0.05)
     assert api.exec_inspect(slot.exec_id)["ExitCode"] == 0
     assert ws.exec(["echo", "ran"]).stdout == "ran\n"
