@@ -67,6 +67,16 @@ static int write_file(const char *path, const char *text) {
     return n == (ssize_t)strlen(text) ? 0 : -1;
 }
 
+/* A small file (sysfs, cgroupfs) into ``buf``, NUL-terminated; its length, or -1. */
+static ssize_t read_text(const char *path, char *buf, size_t size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = 0;
+    return n;
+}
+
 static void say(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -343,6 +353,15 @@ static void reply_error(jv *req, const char *fmt, ...) {
     put("}\n", 2);
 }
 
+/* The end of an exec that never started. */
+static void end_with_error(jv *req, const char *message) {
+    put("{", 1);
+    put_id(req);
+    put(",\"end\":true,\"error\":", 20);
+    put_string(message);
+    put("}\n", 2);
+}
+
 /* ---- jobs --------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -443,11 +462,7 @@ static void start_job(jv *req) {
     if (!bad && mkdir(cgroup, 0755) < 0) bad = "making the job's cgroup";
     if (!bad && (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0)) bad = "pipe";
     if (bad) {
-        put("{", 1);
-        put_id(req);
-        put(",\"end\":true,\"error\":", 20);
-        put_string(bad);
-        put("}\n", 2);
+        end_with_error(req, bad);
         for (int i = 0; i < 2; i++) {
             if (out_pipe[i] >= 0) close(out_pipe[i]);
             if (err_pipe[i] >= 0) close(err_pipe[i]);
@@ -464,6 +479,7 @@ static void start_job(jv *req) {
     uid_t uid = (uid_t)jnum(req, "uid", 65534);
     double now = mono();
     pid_t pid = fork();
+    int fork_errno = errno;
     if (pid == 0) child(cgroup, out_pipe[1], err_pipe[1], cwd, uid, argv, envp);
     for (int i = 0; i < envs; i++) free(envp[i]);
     free(envp);
@@ -474,11 +490,7 @@ static void start_job(jv *req) {
         close(out_pipe[0]);
         close(err_pipe[0]);
         rmdir(cgroup);
-        put("{", 1);
-        put_id(req);
-        put(",\"end\":true,\"error\":", 20);
-        put_string(strerror(errno));
-        put("}\n", 2);
+        end_with_error(req, strerror(fork_errno));
         return;
     }
     memset(j, 0, sizeof *j);
@@ -530,12 +542,7 @@ static void sample(job *j, double now) {
     j->next_sample = now + SAMPLE_EVERY;
     char path[320], text[512];
     snprintf(path, sizeof path, "%s/memory.pressure", j->cgroup);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
-    ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
-    if (n <= 0) return;
-    text[n] = 0;
+    if (read_text(path, text, sizeof text) <= 0) return;
     char *full = strstr(text, "full");
     char *total = full ? strstr(full, "total=") : NULL;
     if (!total) return;
@@ -566,14 +573,8 @@ static void finish(job *j, double now) {
     int oom = j->thrashed;
     char path[320], text[512];
     snprintf(path, sizeof path, "%s/memory.events", j->cgroup);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t n = read(fd, text, sizeof text - 1);
-        close(fd);
-        text[n > 0 ? n : 0] = 0;
-        char *line = strstr(text, "oom_kill ");
-        if (line && strtol(line + 9, NULL, 10) != 0) oom = 1;
-    }
+    char *line = read_text(path, text, sizeof text) > 0 ? strstr(text, "oom_kill ") : NULL;
+    if (line && strtol(line + 9, NULL, 10) != 0) oom = 1;
     rmdir(j->cgroup); /* background processes it left keep it (kill_all ends them) */
     putf("{\"id\":%.0f,\"end\":true,\"code\":", j->id);
     if (j->exited && WIFEXITED(j->status)) putf("%d,\"signal\":null", WEXITSTATUS(j->status));
@@ -764,13 +765,9 @@ static int find_port(void) {
         struct dirent *entry;
         while (dir && (entry = readdir(dir))) {
             if (entry->d_name[0] == '.') continue;
-            char path[300], name[64] = {0};
+            char path[300], name[64];
             snprintf(path, sizeof path, "/sys/class/virtio-ports/%s/name", entry->d_name);
-            int fd = open(path, O_RDONLY | O_CLOEXEC);
-            if (fd < 0) continue;
-            ssize_t n = read(fd, name, sizeof name - 1);
-            close(fd);
-            if (n > 0 && !strncmp(name, PORT_NAME, strlen(PORT_NAME)) && (name[strlen(PORT_NAME)] == '\n' || !name[strlen(PORT_NAME)])) {
+            if (read_text(path, name, sizeof name) > 0 && !strncmp(name, PORT_NAME, strlen(PORT_NAME)) && (name[strlen(PORT_NAME)] == '\n' || !name[strlen(PORT_NAME)])) {
                 snprintf(path, sizeof path, "/dev/%s", entry->d_name);
                 closedir(dir);
                 int port = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
