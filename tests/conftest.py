@@ -21,9 +21,9 @@ import pytest
 
 from hybrid.tiers.container import container_tiers
 
-# Test modules import tests/polling.py by name: --import-mode=importlib puts no test directory on
-# sys.path.
-sys.path.insert(0, str(Path(__file__).parent))
+# Test modules import tests/poll_kit.py by name: --import-mode=importlib puts no test directory on
+# sys.path. Last, so no directory under tests/ stands in for an installed package.
+sys.path.append(str(Path(__file__).parent))
 
 # A private cache and state per session, so tests neither read nor pollute the user's; removed
 # when the session ends (pytest_unconfigure).

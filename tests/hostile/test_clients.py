@@ -27,7 +27,7 @@ from hostile_kit import (
     hybrid_cli,
     jobs_of,
 )
-from polling import wait_for
+from poll_kit import wait_for
 
 from hybrid import owner
 

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from polling import wait_for
+from poll_kit import wait_for
 
 from hybrid.wasm.python import run_python
 

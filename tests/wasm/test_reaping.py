@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from polling import wait_for
+from poll_kit import wait_for
 
 from hybrid import owner
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from polling import wait_for
+from poll_kit import wait_for
 
 from hybrid.policy import Environment, SandboxSpec
 from hybrid.results import Termination
