@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from hybrid.context.symbols import SymbolHit
+from hybrid.context.resolve import test_spans
+from hybrid.context.symbols import SymbolHit, leading_start
 from hybrid.context.tags import Definition
 from hybrid.context.text import IDENT_RE, count_tokens
 
+FRAME_SHARE = 0.2  # a file's frame (all but its function bodies) costing at most this share
 SMALL_FILE_SHARE = 0.25  # a whole file costing at most this share of the budget goes in whole
 FIRST_FILE_SHARE = 0.6  # ... and the best symbol's file, up to this share: fixes spread out
 CLASS_MAX_TOKENS = 400  # a larger class is represented by its methods, not its whole body
@@ -24,6 +26,7 @@ CLASS_MAX_TOKENS = 400  # a larger class is represented by its methods, not its 
 SIZE_PENALTY = 0.1
 SIZE_FLOOR = 100
 _CONTAINERS = frozenset({"class", "interface", "module", "type"})
+_ELIDED = frozenset({"function", "method"})
 _IMPORT_START = {
     "python": re.compile(r"^(import\s|from\s+\S+\s+import\s)"),
     "javascript": re.compile(r"^(import\s|(const|let|var)\s.*\brequire\()"),
@@ -44,12 +47,11 @@ class _File:
     path: str
     lang: str
     lines: list[str]
+    imports: list[tuple[int, int]]  # import statement line spans
+    shown: list[bool]  # per 1-based line (index 0 unused): held verbatim
     whole: bool = False
-    defs: list[Definition] = field(default_factory=list)
-    imports: list[tuple[int, int]] = field(default_factory=list)  # statement line spans
-    used_imports: set[int] = field(default_factory=set)
-    headers: dict[int, Definition] = field(default_factory=dict)
-    score: float = 0.0
+    framed: bool = False
+    frame: list[bool] | None = None  # frame_lines, computed on first use
 
 
 def import_statements(lines: list[str], lang: str) -> list[tuple[int, int]]:
@@ -85,6 +87,19 @@ def import_statements(lines: list[str], lang: str) -> list[tuple[int, int]]:
     return out
 
 
+def frame_lines(lines: list[str], defs: list[Definition]) -> list[bool]:
+    """Per 1-based line, whether it belongs to the file's frame: every line outside the
+    functions and methods (with their doc comments) and outside in-file test modules:
+    imports, constants, class headers and fields, module-level code."""
+    keep = [False] + [True] * len(lines)
+    hidden = [(leading_start(lines, d.line), d.end_line) for d in defs if d.kind in _ELIDED]
+    hidden += test_spans(defs)
+    for a, b in hidden:
+        for n in range(a, min(b, len(lines)) + 1):
+            keep[n] = False
+    return keep
+
+
 def _cost(text: str) -> int:
     return count_tokens(text)
 
@@ -116,8 +131,18 @@ def packing_order(hits: list[SymbolHit], cost: list[int]) -> list[SymbolHit]:
     return [hits[k] for k in order]
 
 
+def _mark(shown: list[bool], a: int, b: int) -> None:
+    for n in range(max(1, a), min(b, len(shown) - 1) + 1):
+        shown[n] = True
+
+
 class BodyPacker:
-    """Chooses bodies for ``SymbolHit``s until ``budget`` tokens are used."""
+    """Chooses bodies for ``SymbolHit``s until ``budget`` tokens are used.
+
+    A file is held whole, or as the lines it shows verbatim (the chosen bodies, their
+    class headers or fields, the imports they use, and the file's frame when it is
+    cheap), with each run of lines left out marked ``⋮``.
+    """
 
     def __init__(self, root: Path, langs: dict[str, str], budget: int) -> None:
         self.root = root
@@ -146,34 +171,27 @@ class BodyPacker:
             return None
         lang = self.langs.get(path, "")
         lines = text.splitlines()
-        f = _File(path, lang, lines, imports=import_statements(lines, lang))
+        f = _File(path, lang, lines, import_statements(lines, lang), [False] * (len(lines) + 1))
         self.files[path] = f
         return f
 
-    def _covered(self, f: _File, d: Definition) -> bool:
-        return f.whole or any(o.line <= d.line and d.end_line <= o.end_line for o in f.defs)
-
-    def _imports_for(self, f: _File, body: str) -> tuple[set[int], int]:
-        """Import statements the body uses that are not packed yet, and their cost."""
+    def _imports_for(self, f: _File, body: str, shown: list[bool]) -> None:
+        """Show the import statements whose names ``body`` uses."""
         names = set(IDENT_RE.findall(body)) - _NOT_NAMES
-        new: set[int] = set()
-        cost = 0
-        for k, (a, b) in enumerate(f.imports):
-            if k in f.used_imports:
+        for a, b in f.imports:
+            if shown[a]:
                 continue
-            stmt = "\n".join(f.lines[a - 1 : b])
-            idents = set(IDENT_RE.findall(stmt)) - _NOT_NAMES
+            idents = set(IDENT_RE.findall("\n".join(f.lines[a - 1 : b]))) - _NOT_NAMES
             if f.lang in ("c", "cpp", "ruby") or idents & names:
-                new.add(k)
-                cost += _cost(stmt + "\n")
-        return new, cost
+                _mark(shown, a, b)
 
-    def _enclosing(self, f: _File, d: Definition, hits_defs: list[Definition]) -> Definition | None:
+    @staticmethod
+    def _enclosing(d: Definition, file_defs: list[Definition]) -> Definition | None:
         if not d.scope:
             return None
         last = d.scope.rsplit(".", 1)[-1]
         best = None
-        for c in hits_defs:
+        for c in file_defs:
             if (
                 c.kind in _CONTAINERS
                 and c.name == last
@@ -195,39 +213,61 @@ class BodyPacker:
             for o in file_defs
         )
 
+    def _frame(self, f: _File, file_defs: list[Definition]) -> list[bool]:
+        if f.frame is None:
+            f.frame = frame_lines(f.lines, file_defs)
+        return f.frame
+
     def add(self, hit: SymbolHit, file_defs: list[Definition]) -> bool:
         """Take ``hit``'s body if it fits; ``file_defs`` are all definitions of its file."""
         f = self._file(hit.path)
-        # the body as packed: with its doc comment and decorators
-        d = hit.definition._replace(line=hit.span[0])
-        if f is None or self._covered(f, d):
+        a, b = hit.span  # the body with its doc comment and decorators
+        if f is None or f.whole or all(f.shown[a : b + 1]):
             return False
         whole_cost = _cost(f"# {f.path}\n" + "\n".join(f.lines) + "\n")
         share = FIRST_FILE_SHARE if not self.order or self.order == [f.path] else SMALL_FILE_SHARE
         if whole_cost <= max(64, int(self.budget * share)) and self._take_whole(f, whole_cost, hit):
             return True
-        body = "\n".join(f.lines[d.line - 1 : d.end_line])
-        cost = _cost(f"# {f.path}:{d.line}-{d.end_line}\n{body}\n")
-        if d.kind in _CONTAINERS and cost > CLASS_MAX_TOKENS and self._has_members(d, file_defs):
+        d = hit.definition
+        body = "\n".join(f.lines[a - 1 : b])
+        if (
+            d.kind in _CONTAINERS
+            and _cost(body) > CLASS_MAX_TOKENS
+            and self._has_members(d, file_defs)
+        ):
             return False  # a large class is packed by its methods
-        if hit.path not in self.order:
-            cost += _cost(f"# {f.path}\n")
-        cls = self._enclosing(f, d, file_defs)
-        if cls is not None and cls.line not in f.headers and not self._covered(f, cls):
-            cost += _cost(f"# {f.path}:{cls.line}\n" + "\n".join(_header_lines(f, cls)) + "\n")
-        new_imports, import_cost = self._imports_for(f, body)
-        cost += import_cost
+        before = _cost(self._render(f)) if f.path in self.order else 0
+        shown = list(f.shown)
+        _mark(shown, a, b)
+        framed = f.framed
+        if not framed:
+            # the file's frame (imports, constants, class fields) when it is cheap: fixes
+            # touch those lines too; else the enclosing class's own frame, else its header
+            frame = self._frame(f, file_defs)
+            with_frame = [x or y for x, y in zip(shown, frame, strict=True)]
+            if (
+                _cost(self._render(f, with_frame)) - before
+                <= _cost(body) + self.budget * FRAME_SHARE
+            ):
+                shown, framed = with_frame, True
+        if not framed:
+            cls = self._enclosing(d, file_defs)
+            if cls is not None:
+                frame = self._frame(f, file_defs)
+                fields = [cls.line <= n <= cls.end_line and frame[n] for n in range(len(frame))]
+                cost = sum(_cost(f.lines[n - 1] + "\n") for n in range(1, len(frame)) if fields[n])
+                if cost <= CLASS_MAX_TOKENS:
+                    shown = [x or y for x, y in zip(shown, fields, strict=True)]
+                else:
+                    _mark(shown, cls.line, cls.line + len(_header_lines(f, cls)) - 1)
+            self._imports_for(f, body, shown)
+        cost = _cost(self._render(f, shown)) - before
         if self.used + cost > self.budget:
             return False
         self.used += cost
-        # a class body taken whole covers the methods already chosen inside it
-        f.defs = [o for o in f.defs if not (d.line <= o.line and o.end_line <= d.end_line)]
-        f.defs.append(d)
-        f.used_imports |= new_imports
-        if cls is not None and not self._covered(f, cls):
-            f.headers[cls.line] = cls
-        if hit.path not in self.order:
-            self.order.append(hit.path)
+        f.shown, f.framed = shown, framed
+        if f.path not in self.order:
+            self.order.append(f.path)
         self.chosen.append(hit)
         return True
 
@@ -237,39 +277,49 @@ class BodyPacker:
             return False  # the body alone may still fit
         self.used += whole_cost - already
         f.whole = True
-        f.defs = [hit.definition]
         if f.path not in self.order:
             self.order.append(f.path)
         self.chosen.append(hit)
         return True
 
-    def _render(self, f: _File) -> str:
+    def _render(self, f: _File, shown: list[bool] | None = None) -> str:
+        """The file's text as packed: whole, or its shown lines with each run of lines
+        left out marked ``⋮`` (blank lines between two such runs dropped)."""
         if f.whole:
             return f"# {f.path}\n" + "\n".join(f.lines) + "\n"
-        parts = [f"# {f.path}\n"]
-        for k in sorted(f.used_imports):
-            a, b = f.imports[k]
-            parts.append("\n".join(f.lines[a - 1 : b]) + "\n")
-        blocks: list[tuple[int, str]] = []
-        for cls in f.headers.values():
-            if not any(o.line <= cls.line and cls.end_line <= o.end_line for o in f.defs):
-                blocks.append(
-                    (cls.line, f"# {f.path}:{cls.line}\n" + "\n".join(_header_lines(f, cls)) + "\n")
-                )
-        for d in f.defs:
-            body = "\n".join(f.lines[d.line - 1 : d.end_line])
-            blocks.append((d.line, f"# {f.path}:{d.line}-{d.end_line}\n{body}\n"))
-        parts.extend(text for _, text in sorted(blocks))
-        return "".join(parts)
+        shown = shown if shown is not None else f.shown
+        out = [f"# {f.path}"]
+        n, last = 1, len(f.lines)
+        while n <= last:
+            if shown[n]:
+                out.append(f.lines[n - 1])
+                n += 1
+                continue
+            m = n
+            while m <= last and not shown[m]:
+                m += 1
+            if not any(ln.strip() for ln in f.lines[n - 1 : m - 1]):
+                out.extend(f.lines[n - 1 : m - 1])  # blank lines: shown as they are
+                n = m
+                continue
+            first = next(ln for ln in f.lines[n - 1 : m - 1] if ln.strip())
+            while len(out) > 1 and not out[-1].strip() and out[-2].strip() == "⋮":
+                out.pop()
+            if out[-1].strip() != "⋮":
+                out.append(first[: len(first) - len(first.lstrip())] + "⋮")
+            n = m
+        return "\n".join(out) + "\n"
 
     def _spans(self, f: _File) -> list[tuple[int, int]]:
-        """Lines held verbatim: the bodies, the import statements and the class headers."""
-        spans = [(d.line, d.end_line) for d in f.defs]
-        spans += [f.imports[k] for k in sorted(f.used_imports)]
-        for cls in f.headers.values():
-            if not any(o.line <= cls.line and cls.end_line <= o.end_line for o in f.defs):
-                spans.append((cls.line, cls.line + len(_header_lines(f, cls)) - 1))
-        return spans
+        """Runs of lines held verbatim (blank lines between two runs join them)."""
+        runs: list[tuple[int, int]] = []
+        for n in range(1, len(f.lines) + 1):
+            if f.shown[n] or (not f.lines[n - 1].strip() and runs and runs[-1][1] == n - 1):
+                if runs and runs[-1][1] == n - 1:
+                    runs[-1] = (runs[-1][0], n)
+                else:
+                    runs.append((n, n))
+        return runs
 
     def result(self) -> list[tuple[str, str, list[tuple[int, int]], list[str], bool]]:
         """Per file, in the order files were first chosen: (path, text, spans of the lines
@@ -279,5 +329,5 @@ class BodyPacker:
             f = self.files[path]
             names = [h.definition.qualified for h in self.chosen if h.path == path]
             spans = [(1, max(1, len(f.lines)))] if f.whole else self._spans(f)
-            out.append((path, self._render(f), sorted(spans), names, f.whole))
+            out.append((path, self._render(f), spans, names, f.whole))
         return out

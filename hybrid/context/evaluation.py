@@ -1,7 +1,9 @@
 """``hybrid context eval``: the repository's own bug-fix history as a localization benchmark.
 
 Bug-fix commits are mined from ``git log`` (message as the task, the non-test source files
-it modified as the gold files), newest first, so the selection is deterministic. Each
+it modified as the gold files), newest first, so the selection is deterministic.
+Housekeeping commits (typos, docs, comments, lint and type-checker findings) are left out:
+their messages name no behaviour a task could describe. Each
 parent is checked out in one temporary worktree; the index there reuses the tag cache
 (blob ids), so only files that differ between parents are parsed.
 
@@ -9,7 +11,8 @@ Two questions are scored: did the ranking find the file (Acc@1, Acc@5, MRR), and
 pack hold the code that had to change (edit-site recall). A hunk of the fix is covered when
 a body the pack holds (a whole file or a symbol's full text, never a skeleton) contains a
 line the fix changed, or, for a pure insertion, the line it follows; a task is covered when
-all its hunks are.
+all its hunks are. Hunks inside a source file's own test module (Rust's ``mod tests``) are
+test code written with the fix, and are not scored.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.languages import EXTENSIONS
 from hybrid.context.pack import ContextPack
-from hybrid.context.resolve import is_test_path
+from hybrid.context.resolve import is_test_path, test_spans
 from hybrid.errors import ContextError, InvalidInput
 
 MODES = ("fused", "bm25", "graph")
@@ -52,6 +55,13 @@ VARIANTS: dict[str, tuple[str, bool, frozenset[str]]] = {
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.M)
 _FIX = re.compile(
     r"\b(fix(e[sd]|ing)?|bug|regression|crash(es|ed)?|broken|incorrect|wrong|error|fail(s|ed|ure)?)\b",
+    re.I,
+)
+# Housekeeping, not a bug a task could describe: the message names no behaviour to find
+# ("fix typo", "fix mypy findings", "Fix linter errors", "doc: fix ...").
+_CHORE = re.compile(
+    r"\b(typos?|spelling|grammar|lint(er|ers|ing)?|mypy|flake8|ruff|pylint|clippy|pre-commit|"
+    r"docs?|documentation|docstrings?|comments?|changelog|readme|warnings)\b",
     re.I,
 )
 _TRAILER = re.compile(r"^(signed-off-by|co-authored-by|reviewed-by|acked-by|cc):", re.I)
@@ -165,7 +175,8 @@ def _case(record: str) -> EvalCase | None:
     if len(fields) < 4:
         return None
     commit, parents, message, changes = fields[0], fields[1].split(), fields[2], fields[3]
-    if len(parents) != 1 or not _FIX.search(message):
+    subject = message.strip().split("\n", 1)[0]
+    if len(parents) != 1 or not _FIX.search(message) or _CHORE.search(subject):
         return None
     gold: list[str] = []
     source_changed = 0
@@ -201,6 +212,22 @@ def fix_hunks(repo: Path, case: EvalCase) -> list[Hunk]:
             else:
                 hunks.append(Hunk(path=path, lines=(start, start + count - 1)))
     return hunks
+
+
+def source_hunks(graph: Graph, hunks: list[Hunk]) -> list[Hunk]:
+    """``hunks`` less those inside a source file's own test module: a test written with
+    the fix is not code the pack had to show."""
+    known = set(graph.paths)
+    spans = {
+        path: test_spans(graph.repo_index.tags(path).definitions)
+        for path in {h.path for h in hunks}
+        if path in known
+    }
+    return [
+        h
+        for h in hunks
+        if not any(a <= h.lines[0] and h.lines[1] <= b for a, b in spans.get(h.path, []))
+    ]
 
 
 def covered_hunks(pack: ContextPack, hunks: list[Hunk]) -> int:
@@ -280,7 +307,7 @@ def evaluate(
             grep = partial(grep_words, worktree)
             ranks: dict[str, int] = {}
             top: list[str] = []
-            hunks = fix_hunks(repo_path, case)
+            hunks = source_hunks(graph, fix_hunks(repo_path, case))
             covered: dict[str, dict[int, int]] = {}
             for mode in MODES:
                 ranking = rank(graph, case.task, mode, history, grep)  # type: ignore[arg-type]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterable
+
+from hybrid.context.tags import Definition
 
 _STRIP_EXT = re.compile(
     r"\.(py|pyi|js|jsx|mjs|cjs|ts|tsx|mts|cts|go|rs|java|c|h|cc|cpp|cxx|hpp|hh|hxx|rb)$"
@@ -30,6 +33,15 @@ def is_test_path(path: str) -> bool:
         or stem.endswith(("_test", "_tests", "_spec", ".test", ".spec", "test"))
         or name == "conftest.py"
     )
+
+
+def test_spans(definitions: Iterable[Definition]) -> list[tuple[int, int]]:
+    """Line spans of the test modules inside a source file (Rust's ``mod tests``)."""
+    return [
+        (d.line, d.end_line)
+        for d in definitions
+        if d.kind == "module" and d.name in ("tests", "test") and not d.scope
+    ]
 
 
 class Resolver:

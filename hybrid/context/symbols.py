@@ -26,6 +26,7 @@ from hybrid.context.git import git_text
 from hybrid.context.graph import Graph
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
+from hybrid.context.resolve import test_spans
 from hybrid.context.tags import Definition
 from hybrid.context.text import IDENT_RE, ident_terms, name_terms
 from hybrid.errors import ContextError
@@ -195,7 +196,14 @@ def symbol_signals(
             continue
         lines = _lines(root_path, paths[i])
         if lines is not None:
-            defs_of.append((i, [d for d in tags.definitions if d.kind in _BODY_KINDS], lines))
+            tests = test_spans(tags.definitions)
+            defs = [
+                d
+                for d in tags.definitions
+                if d.kind in _BODY_KINDS
+                and not any(a <= d.line and d.end_line <= b for a, b in tests)
+            ]
+            defs_of.append((i, defs, lines))
     names = {d.name for _, defs, _ in defs_of for d in defs}
     raw: list[tuple[int, Definition, int, Counter[str], set[str], int]] = []
     for i, defs, lines in defs_of:

@@ -38,6 +38,8 @@ def history_repo(shop_repo: Path, git: Any) -> Path:
             "Add a type to the cart items",
         ),
         ("shop/cart.py", "(1 + TAX_RATE)", "(1.0 + TAX_RATE)", "Cart.total: fix tax bug"),
+        # housekeeping: its message names no behaviour, so it is no task
+        ("shop/cart.py", "(1.0 + TAX_RATE)", "(1.0 + TAX_RATE)  # gross", "Fix typo in a comment"),
     ]
     for path, old, new, message in steps:
         file = shop_repo / path
@@ -210,3 +212,43 @@ def test_long_work_shows_plain_progress_without_a_terminal(
     code, out, err = hybrid_cli("context", "eval", str(history_repo), "--limit", "3")
     assert code == 0, err
     assert "hybrid: evaluating commits 3/3 (100%)" in err.splitlines(), err
+
+
+def test_a_rust_files_own_test_module_is_not_an_edit_site(tmp_path: Path, git: Any) -> None:
+    """A fix that also adds a test inside the source file's ``mod tests``: only the
+    source hunk is scored, and the symbols packed are never the test functions."""
+    from functools import partial
+
+    from hybrid.context.evaluation import fix_hunks, source_hunks
+    from hybrid.context.grep import grep_words
+    from hybrid.context.ranking import rank
+    from hybrid.context.repomap import load_graph
+    from hybrid.context.symbols import rank_symbols
+
+    filler = "".join(f"\npub fn helper_{k}(x: u32) -> u32 {{\n    x + {k}\n}}\n" for k in range(3))
+    lib = tmp_path / "src/lib.rs"
+    lib.parent.mkdir(parents=True)
+    lib.write_text(
+        "pub fn parse_port(s: &str) -> u16 {\n    s.parse().unwrap()\n}\n"
+        + filler
+        + "\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn port() {\n"
+        '        assert_eq!(super::parse_port("80"), 80);\n    }\n}\n'
+    )
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "init")
+    text = lib.read_text()
+    text = text.replace("s.parse().unwrap()", "s.trim().parse().unwrap_or(0)")
+    text = text.replace("    }\n}\n", "    }\n\n    #[test]\n    fn junk() {\n    }\n}\n")
+    lib.write_text(text)
+    git(tmp_path, "commit", "-qam", "fix: parse_port panics on a bad port")
+    case = mine_cases(tmp_path, 1)[0]
+    git(tmp_path, "checkout", "-q", case.parent)
+    hunks = fix_hunks(tmp_path, case)
+    assert len(hunks) == 2
+    graph = load_graph(tmp_path)
+    assert [h.lines for h in source_hunks(graph, hunks)] == [(2, 2)]
+    ranking = rank(graph, case.task, "fused", [], partial(grep_words, tmp_path))
+    hits = rank_symbols(graph, ranking, tmp_path)
+    assert "parse_port" in {h.definition.name for h in hits}
+    assert not [h for h in hits if h.definition.scope == "tests" or h.definition.name == "tests"]

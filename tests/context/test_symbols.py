@@ -326,3 +326,36 @@ def test_pack_spans_hold_the_imports_and_class_headers_it_shows(requests_like: P
     # every span is text the item really holds
     for a, b in item.spans:
         assert all(line in item.text for line in lines[a - 1 : b])
+
+
+def test_a_big_files_frame_goes_with_its_bodies(tmp_path: Path, git: Any, write: Any) -> None:
+    """A file too big to pack whole: the chosen body comes with the file's frame (its
+    imports, module constants and class fields), every other function is elided as one
+    marked line (``⋮``), and the spans name exactly the lines the text holds."""
+    source = (
+        "import os\n\nDEFAULT_TIMEOUT = 30\nRETRIES = 3\n\n\n"
+        "class Client:\n"
+        "    timeout = DEFAULT_TIMEOUT\n\n"
+        "    def connect_with_retries(self, host):\n"
+        "        for attempt in range(RETRIES):\n"
+        "            if os.path.exists(host):\n"
+        "                return attempt\n"
+        "        return None\n" + _filler("checksum", 25)
+    )
+    write(tmp_path, {"net/client.py": source, "net/__init__.py": ""})
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "init")
+    pack = context_pack(tmp_path, "Client.connect_with_retries gives up too early", tokens=2000)
+    item = next(i for i in pack.items if i.path == "net/client.py")
+    assert item.kind == "symbols"
+    for text in ("DEFAULT_TIMEOUT = 30", "    timeout = DEFAULT_TIMEOUT", "import os"):
+        assert text in item.text
+    assert "for attempt in range(RETRIES):" in item.text
+    # the budget left after the frame goes to other bodies; the rest are elided
+    assert item.text.count("def checksum_") < 25 and "\n⋮\n" in item.text
+    lines = source.splitlines()
+    held = {n for a, b in item.spans for n in range(a, b + 1)}
+    assert lines.index("RETRIES = 3") + 1 in held
+    for a, b in item.spans:
+        assert "\n".join(lines[a - 1 : b]) in item.text
