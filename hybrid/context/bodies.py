@@ -1,15 +1,17 @@
 """Fill a token budget with the bodies of ranked symbols, in symbol order across files.
 
-Each body comes with what it takes to edit it correctly: the header of its enclosing class
-and the import lines of its file that the body uses. A file small enough goes in whole
-(it holds all its bodies). The text is grouped per file, bodies in line order.
+Each body comes with what it takes to edit it correctly: the file's frame (imports, module
+constants, class headers and fields: every line outside a function) when that is cheap,
+else the fields or header of its enclosing class and the import lines the body uses. Fixes
+touch those lines as often as bodies. A file small enough goes in whole. The text is per
+file, in line order, each run of lines left out marked ``⋮``.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hybrid.context.resolve import test_spans
@@ -17,7 +19,7 @@ from hybrid.context.symbols import SymbolHit, leading_start
 from hybrid.context.tags import Definition
 from hybrid.context.text import IDENT_RE, count_tokens
 
-FRAME_SHARE = 0.2  # a file's frame (all but its function bodies) costing at most this share
+FRAME_SHARE = 0.1  # a file's frame (all but its function bodies) costing at most this share
 SMALL_FILE_SHARE = 0.25  # a whole file costing at most this share of the budget goes in whole
 FIRST_FILE_SHARE = 0.6  # ... and the best symbol's file, up to this share: fixes spread out
 CLASS_MAX_TOKENS = 400  # a larger class is represented by its methods, not its whole body
@@ -51,7 +53,7 @@ class _File:
     shown: list[bool]  # per 1-based line (index 0 unused): held verbatim
     whole: bool = False
     framed: bool = False
-    frame: list[bool] | None = None  # frame_lines, computed on first use
+    frames: dict[bool, list[bool]] = field(default_factory=dict)  # lean? -> frame_lines
 
 
 def import_statements(lines: list[str], lang: str) -> list[tuple[int, int]]:
@@ -87,13 +89,39 @@ def import_statements(lines: list[str], lang: str) -> list[tuple[int, int]]:
     return out
 
 
-def frame_lines(lines: list[str], defs: list[Definition]) -> list[bool]:
+_COMMENT = ("#", "//", "/*", "*", "--")
+_NOT_COMMENT = ("#include", "#define", "#[", "#!")
+
+
+def _prose(lines: list[str]) -> list[tuple[int, int]]:
+    """Line spans of comment lines and triple-quoted docstring blocks."""
+    out: list[tuple[int, int]] = []
+    n = 0
+    while n < len(lines):
+        text = lines[n].strip().lstrip("rRbBuU")
+        quote = text[:3] if text[:3] in ('"""', "'''") else ""
+        if quote:
+            end = n
+            if text.count(quote) < 2 or len(text) < 6:
+                end = next((k for k in range(n + 1, len(lines)) if quote in lines[k]), n)
+            out.append((n + 1, end + 1))
+            n = end + 1
+            continue
+        if text.startswith(_COMMENT) and not text.startswith(_NOT_COMMENT):
+            out.append((n + 1, n + 1))
+        n += 1
+    return out
+
+
+def frame_lines(lines: list[str], defs: list[Definition], lean: bool = False) -> list[bool]:
     """Per 1-based line, whether it belongs to the file's frame: every line outside the
     functions and methods (with their doc comments) and outside in-file test modules:
     imports, constants, class headers and fields, module-level code."""
     keep = [False] + [True] * len(lines)
     hidden = [(leading_start(lines, d.line), d.end_line) for d in defs if d.kind in _ELIDED]
     hidden += test_spans(defs)
+    if lean:
+        hidden += _prose(lines)
     for a, b in hidden:
         for n in range(a, min(b, len(lines)) + 1):
             keep[n] = False
@@ -213,10 +241,11 @@ class BodyPacker:
             for o in file_defs
         )
 
-    def _frame(self, f: _File, file_defs: list[Definition]) -> list[bool]:
-        if f.frame is None:
-            f.frame = frame_lines(f.lines, file_defs)
-        return f.frame
+    @staticmethod
+    def _frame(f: _File, file_defs: list[Definition], lean: bool = False) -> list[bool]:
+        if lean not in f.frames:
+            f.frames[lean] = frame_lines(f.lines, file_defs, lean)
+        return f.frames[lean]
 
     def add(self, hit: SymbolHit, file_defs: list[Definition]) -> bool:
         """Take ``hit``'s body if it fits; ``file_defs`` are all definitions of its file."""
@@ -243,17 +272,18 @@ class BodyPacker:
         if not framed:
             # the file's frame (imports, constants, class fields) when it is cheap: fixes
             # touch those lines too; else the enclosing class's own frame, else its header
-            frame = self._frame(f, file_defs)
-            with_frame = [x or y for x, y in zip(shown, frame, strict=True)]
-            if (
-                _cost(self._render(f, with_frame)) - before
-                <= _cost(body) + self.budget * FRAME_SHARE
-            ):
-                shown, framed = with_frame, True
+            # the whole frame, else the frame without its comments and docstrings
+            for lean in (False, True):
+                frame = self._frame(f, file_defs, lean)
+                with_frame = [x or y for x, y in zip(shown, frame, strict=True)]
+                extra = _cost(self._render(f, with_frame)) - before - _cost(body)
+                if extra <= self.budget * FRAME_SHARE:
+                    shown, framed = with_frame, True
+                    break
         if not framed:
             cls = self._enclosing(d, file_defs)
             if cls is not None:
-                frame = self._frame(f, file_defs)
+                frame = self._frame(f, file_defs, lean=True)
                 fields = [cls.line <= n <= cls.end_line and frame[n] for n in range(len(frame))]
                 cost = sum(_cost(f.lines[n - 1] + "\n") for n in range(1, len(frame)) if fields[n])
                 if cost <= CLASS_MAX_TOKENS:

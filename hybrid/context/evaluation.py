@@ -9,10 +9,11 @@ parent is checked out in one temporary worktree; the index there reuses the tag 
 
 Two questions are scored: did the ranking find the file (Acc@1, Acc@5, MRR), and did the
 pack hold the code that had to change (edit-site recall). A hunk of the fix is covered when
-a body the pack holds (a whole file or a symbol's full text, never a skeleton) contains a
-line the fix changed, or, for a pure insertion, the line it follows; a task is covered when
-all its hunks are. Hunks inside a source file's own test module (Rust's ``mod tests``) are
-test code written with the fix, and are not scored.
+the pack holds verbatim a line the fix changed (in a whole file, a symbol's full text or a
+file's frame; never in a skeleton, whose signatures may be rewrapped), or, for a pure
+insertion, the line it follows; a task is covered when all its hunks are. Hunks inside a
+source file's own test module (Rust's ``mod tests``) are test code written with the fix,
+and are not scored.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def source_hunks(graph: Graph, hunks: list[Hunk]) -> list[Hunk]:
 
 
 def covered_hunks(pack: ContextPack, hunks: list[Hunk]) -> int:
-    """How many ``hunks`` have a line inside a body the pack holds."""
+    """How many ``hunks`` have a line among the lines the pack holds verbatim."""
     held: dict[str, list[tuple[int, int]]] = {}
     for item in pack.items:
         if item.path and item.spans:

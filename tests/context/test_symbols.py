@@ -359,3 +359,29 @@ def test_a_big_files_frame_goes_with_its_bodies(tmp_path: Path, git: Any, write:
     assert lines.index("RETRIES = 3") + 1 in held
     for a, b in item.spans:
         assert "\n".join(lines[a - 1 : b]) in item.text
+
+
+def test_a_frame_too_big_goes_without_its_prose(tmp_path: Path, git: Any, write: Any) -> None:
+    """When the frame with its comments and docstrings costs too much, the frame without
+    them still brings the constants next to the body."""
+    prose = "".join(f"# Line {k} of a long licence header that says nothing.\n" for k in range(80))
+    source = (
+        prose + '"""A module docstring.\n\n' + "More words about nothing.\n" * 60 + '"""\n\n'
+        "RETRY_LIMIT = 3\n\n\n"
+        "def connect_with_retries(host):\n"
+        "    for attempt in range(RETRY_LIMIT):\n"
+        "        if host:\n"
+        "            return attempt\n"
+        "    return None\n" + _filler("checksum", 25)
+    )
+    write(tmp_path, {"net.py": source})
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "init")
+    pack = context_pack(tmp_path, "connect_with_retries gives up too early", tokens=2000)
+    item = next(i for i in pack.items if i.path == "net.py")
+    assert "RETRY_LIMIT = 3" in item.text and "for attempt in range(RETRY_LIMIT):" in item.text
+    assert "licence header" not in item.text and "More words" not in item.text
+    lines = source.splitlines()
+    for a, b in item.spans:
+        assert "\n".join(lines[a - 1 : b]) in item.text
