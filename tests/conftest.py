@@ -7,6 +7,7 @@ a green CI run means the container tiers were really tested; and the WASI contai
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -187,5 +188,13 @@ def _via_server(*args: str, stdin: bytes = b"") -> CliResult:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _PRIVATE and any(Path(_PRIVATE[0], "deps", "layers").glob("*.json")):
+        # The dependency layers this session built live in the engine, not in its private
+        # cache: remove them with it, or they outlive their records.
+        from hybrid.deps.layers import prune, recorded_keys
+        from hybrid.errors import HybridError
+
+        with contextlib.suppress(HybridError):
+            prune(only=recorded_keys())
     for path in _PRIVATE:
         shutil.rmtree(path, ignore_errors=True)

@@ -218,19 +218,30 @@ def cache() -> None:
 def cache_ls(as_json: bool) -> None:
     """Every installed dependency layer (least recently used first) and the store's size."""
     from hybrid.deps import sizes
+    from hybrid.workstation.microvm.build import cache_usage
 
     found = sizes()
+    vm = cache_usage()
+    found["microvm"] = vm.model_dump()
 
     def render() -> None:
         click.echo(
             f"artifact store: {_size(found['store_bytes'])}  layers: {_size(found['layers_bytes'])}"
         )
         for layer in found["layers"]:
-            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(layer["last_used"]))
+            used = (
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(layer["last_used"]))
+                if layer["last_used"]
+                else "never here (no record in this cache)"
+            )
             click.echo(
                 f"  {layer['ref']}  {layer['project'] or '-'}  {layer['artifacts']} artifacts  "
                 f"{_size(layer['size_bytes'])}  used {used}"
             )
+        click.echo(
+            f"microvm: artifacts {_size(vm.current_bytes)}  templates {vm.templates} "
+            f"({_size(vm.templates_bytes)})  stale {len(vm.stale)} ({_size(vm.stale_bytes)})"
+        )
 
     emit(found, as_json, render)
 
@@ -243,7 +254,8 @@ def cache_ls(as_json: bool) -> None:
 )
 @json_option
 def cache_prune(max_size: str, as_json: bool) -> None:
-    """Evict least-recently-used layers (never one a workstation uses) and unneeded artifacts."""
+    """Evict least-recently-used layers (never one a workstation uses), unneeded artifacts,
+    and microVM artifacts and templates nothing boots any more."""
     from hybrid.deps import prune
     from hybrid.policy import parse_size
 
@@ -251,12 +263,16 @@ def cache_prune(max_size: str, as_json: bool) -> None:
         cap = parse_size(max_size)
     except ValueError as exc:
         raise InvalidInput(f"--max-size: {exc}") from None
+    from hybrid.workstation.microvm.build import prune_cache
+
     report = prune(cap)
+    vm = prune_cache()
     emit(
-        report,
+        {**report.model_dump(), "microvm": vm.model_dump()},
         as_json,
         lambda: click.echo(
             f"removed {len(report.layers)} layer(s), {_size(report.freed_bytes)}; "
-            f"store freed {_size(report.store_freed_bytes)}"
+            f"store freed {_size(report.store_freed_bytes)}; "
+            f"microvm: {len(vm.stale)} stale artifact(s) and template(s), {_size(vm.stale_bytes)}"
         ),
     )

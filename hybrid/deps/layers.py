@@ -380,9 +380,17 @@ class PruneReport(BaseModel):
     kept_in_use: list[str] = Field(default_factory=list)
 
 
-def prune(max_bytes: int = 0, *, keep: set[str] | None = None) -> PruneReport:
-    """Evict least-recently-used layers until they total ``max_bytes`` or less (0: all unused),
-    then the stored artifacts no remaining layer or lock needs. Layers a container uses stay."""
+def recorded_keys() -> set[str]:
+    """Keys of the layers this cache directory built (its records)."""
+    return {path.stem for path in cache_dir("deps", "layers").glob("*.json")}
+
+
+def prune(
+    max_bytes: int = 0, *, keep: set[str] | None = None, only: set[str] | None = None
+) -> PruneReport:
+    """Evict least-recently-used layers (of ``only``'s keys, when given) until they total
+    ``max_bytes`` or less (0: all unused), then the stored artifacts no remaining layer or
+    lock needs. Layers a container uses stay."""
     from docker import errors
 
     from hybrid.workstation.docker import client, translate
@@ -392,7 +400,7 @@ def prune(max_bytes: int = 0, *, keep: set[str] | None = None) -> PruneReport:
     keep = keep or set()
     with translate("prune dependency layers"):
         used = {row.get("ImageID") for row in api.containers(all=True)}
-        found = list_layers()
+        found = [layer for layer in list_layers() if only is None or layer.key in only]
         total = sum(layer.size_bytes for layer in found)
         for layer in found:
             if total <= max_bytes:

@@ -64,3 +64,44 @@ def test_artifacts_of_an_older_guest_agent_are_not_booted(
     assert build.built() is None
     (tmp_path / "current.json").write_text(artifacts.model_dump_json())
     assert build.built() == artifacts
+
+
+def test_prune_removes_what_nothing_boots_and_keeps_the_rest(
+    artifacts: build.Artifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Artifacts of an older agent, templates of older artifacts and a build a crash left go;
+    the current artifacts, their templates and a build in progress stay."""
+    import os
+    import time
+
+    monkeypatch.setenv("HYBRID_MICROVM_CACHE", str(tmp_path))
+    (tmp_path / "current.json").write_text(artifacts.model_dump_json())
+    current_dir = tmp_path / artifacts.initramfs.parent.name  # current: kept by name
+    current_dir.mkdir()
+    (current_dir / "initramfs.cpio").write_bytes(b"x" * 8192)
+    old_agent = tmp_path / "initramfs-0123456789abcdef"
+    old_agent.mkdir()
+    (old_agent / "initramfs.cpio").write_bytes(b"x" * 8192)
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    mine = templates / f"{artifacts.key}-0c8b3013-m384-c1-s1.vmstate"
+    older = templates / "0000000000000000-0c8b3013-m384-c1-s1.vmstate"
+    for path in (mine, older):
+        path.write_bytes(b"v" * 8192)
+    crashed, building = templates / ".build-crashed", templates / ".build-now"
+    crashed.mkdir()
+    building.mkdir()
+    an_hour_ago = time.time() - 7200
+    os.utime(crashed, (an_hour_ago, an_hour_ago))
+
+    usage = build.cache_usage()
+    assert usage.templates == 1 and usage.templates_bytes >= 8192
+    assert sorted(usage.stale) == sorted(
+        [old_agent.name, f"templates/{older.name}", f"templates/{crashed.name}"]
+    )
+    removed = build.prune_cache()
+    assert sorted(removed.stale) == sorted(usage.stale) and removed.stale_bytes >= 16384
+    assert not old_agent.exists() and not older.exists() and not crashed.exists()
+    assert mine.exists() and building.exists() and current_dir.exists()
+    assert build.built() == artifacts
+    assert build.cache_usage().stale == []

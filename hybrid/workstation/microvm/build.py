@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -115,6 +116,77 @@ def build(image: str | None = None, on_progress: Progress | None = None) -> Arti
     made = ensure(image, on_progress)
     _write_atomic(cache() / "current.json", made.model_dump_json().encode())
     return made
+
+
+class CacheUsage(BaseModel):
+    """What the microVM cache holds: the current artifacts, their VM templates, and what
+    nothing boots any more (artifacts of an older agent or kernel, their templates, builds
+    a crash left)."""
+
+    current_bytes: int = 0
+    templates: int = 0
+    templates_bytes: int = 0
+    stale: list[str] = Field(default_factory=list, description="names under the cache")
+    stale_bytes: int = 0
+
+
+def _bytes(path: Path) -> int:
+    """Disk space ``path`` takes (a rootfs image is sparse: its size says little)."""
+    if path.is_file():
+        return path.stat().st_blocks * 512
+    return sum(
+        p.stat().st_blocks * 512 for p in path.rglob("*") if p.is_file() and not p.is_symlink()
+    )
+
+
+def cache_usage() -> CacheUsage:
+    """Sizes of the current artifacts, their templates and everything stale."""
+    root = cache()
+    usage = CacheUsage()
+    if not root.is_dir():
+        return usage
+    current = built()
+    keep = (
+        {p.parent.name for p in (current.kernel, current.initramfs, current.rootfs)}
+        if current
+        else set()
+    )
+    cutoff = time.time() - 3600  # a build in progress is younger
+    for path in sorted(root.iterdir()):
+        if path.name in keep:
+            usage.current_bytes += _bytes(path)
+        elif path.name.startswith(("kernel-", "initramfs-", "rootfs-")) or (
+            path.name.startswith(".") and path.stat().st_mtime < cutoff
+        ):
+            usage.stale.append(path.name)
+            usage.stale_bytes += _bytes(path)
+    templates = root / "templates"
+    for path in sorted(templates.iterdir()) if templates.is_dir() else []:
+        if current is not None and path.name.startswith(f"{current.key}-"):
+            usage.templates += 1
+            usage.templates_bytes += _bytes(path)
+        elif not path.name.startswith(".") or path.stat().st_mtime < cutoff:
+            usage.stale.append(f"templates/{path.name}")
+            usage.stale_bytes += _bytes(path)
+    return usage
+
+
+def prune_cache() -> CacheUsage:
+    """Remove what ``cache_usage`` finds stale; returns what was removed."""
+    found = cache_usage()
+    removed = CacheUsage(stale=[], stale_bytes=0)
+    for name in found.stale:
+        path = cache() / name
+        size = _bytes(path)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        if not path.exists():
+            removed.stale.append(name)
+            removed.stale_bytes += size
+    return removed
 
 
 # -- kernel -----------------------------------------------------------------------------------
