@@ -270,9 +270,9 @@ class BodyPacker:
         _mark(shown, a, b)
         framed = f.framed
         if not framed:
-            # the file's frame (imports, constants, class fields) when it is cheap: fixes
-            # touch those lines too; else the enclosing class's own frame, else its header
-            # the whole frame, else the frame without its comments and docstrings
+            # the file's frame (imports, constants, class fields: fixes touch those lines
+            # too) when it is cheap, else that frame without its comments and docstrings,
+            # else the enclosing class's fields, else its header
             for lean in (False, True):
                 frame = self._frame(f, file_defs, lean)
                 with_frame = [x or y for x, y in zip(shown, frame, strict=True)]
