@@ -146,11 +146,13 @@ def cache_usage() -> CacheUsage:
     if not root.is_dir():
         return usage
     current = built()
-    keep = (
-        {p.parent.name for p in (current.kernel, current.initramfs, current.rootfs)}
-        if current
-        else set()
-    )
+    keep: set[str] = set()
+    with contextlib.suppress(OSError, ValueError):
+        # an upgrade's next build reuses the recorded kernel and rootfs: only the agent moves
+        recorded = Artifacts.model_validate_json((root / "current.json").read_text())
+        keep |= {recorded.kernel.parent.name, recorded.rootfs.parent.name}
+    if current is not None:
+        keep.add(current.initramfs.parent.name)
     cutoff = time.time() - 3600  # a build in progress is younger
     for path in sorted(root.iterdir()):
         if path.name in keep:
