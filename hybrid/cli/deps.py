@@ -258,13 +258,12 @@ def cache_prune(max_size: str, as_json: bool) -> None:
     and microVM artifacts and templates nothing boots any more."""
     from hybrid.deps import prune
     from hybrid.policy import parse_size
+    from hybrid.workstation.microvm.build import prune_cache
 
     try:
         cap = parse_size(max_size)
     except ValueError as exc:
         raise InvalidInput(f"--max-size: {exc}") from None
-    from hybrid.workstation.microvm.build import prune_cache
-
     report = prune(cap)
     vm = prune_cache()
     emit(

@@ -99,16 +99,22 @@ def ensure(image: str | None = None, on_progress: Progress | None = None) -> Art
 def built(image: str | None = None) -> Artifacts | None:
     """The artifacts if all three are built, and from this version's guest sources (no apt,
     engine or build call beyond lookups)."""
-    marker = cache() / "current.json"
-    try:
-        found = Artifacts.model_validate_json(marker.read_text())
-    except (OSError, ValueError):
+    found = _recorded()
+    if found is None:
         return None
     if not all(p.exists() for p in (found.kernel, found.initramfs, found.rootfs)):
         return None
     if found.initramfs.parent.name != _initramfs_dir(found.kernel.parent).name:
         return None  # built from an older guest agent or init: the host expects this one
     return found
+
+
+def _recorded() -> Artifacts | None:
+    """What ``current.json`` names, built or not."""
+    try:
+        return Artifacts.model_validate_json((cache() / "current.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def build(image: str | None = None, on_progress: Progress | None = None) -> Artifacts:
@@ -145,11 +151,10 @@ def cache_usage() -> CacheUsage:
     usage = CacheUsage()
     if not root.is_dir():
         return usage
-    current = built()
+    current, recorded = built(), _recorded()
     keep: set[str] = set()
-    with contextlib.suppress(OSError, ValueError):
+    if recorded is not None:
         # an upgrade's next build reuses the recorded kernel and rootfs: only the agent moves
-        recorded = Artifacts.model_validate_json((root / "current.json").read_text())
         keep |= {recorded.kernel.parent.name, recorded.rootfs.parent.name}
     if current is not None:
         keep.add(current.initramfs.parent.name)
