@@ -28,14 +28,13 @@ sys.path.append(str(Path(__file__).parent))
 
 # A private cache and state per session, so tests neither read nor pollute the user's; removed
 # when the session ends (pytest_unconfigure).
-_PRIVATE: list[str] = []
+_PRIVATE: dict[str, str] = {}  # variable -> the directory this session made for it
 for _name, _prefix in (
     ("HYBRID_CACHE_DIR", "hybrid-test-cache-"),
     ("HYBRID_STATE_DIR", "hybrid-test-state-"),
 ):
     if _name not in os.environ:
-        os.environ[_name] = tempfile.mkdtemp(prefix=_prefix)
-        _PRIVATE.append(os.environ[_name])
+        os.environ[_name] = _PRIVATE[_name] = tempfile.mkdtemp(prefix=_prefix)
 # A `hybrid` console process a test starts runs in process: no resident server outlives the
 # session (tests/server starts its own, and says where).
 os.environ.setdefault("HYBRID_NO_SERVER", "1")
@@ -188,7 +187,8 @@ def _via_server(*args: str, stdin: bytes = b"") -> CliResult:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _PRIVATE and any(Path(_PRIVATE[0], "deps", "layers").glob("*.json")):
+    cache = _PRIVATE.get("HYBRID_CACHE_DIR")
+    if cache and any(Path(cache, "deps", "layers").glob("*.json")):
         # The dependency layers this session built live in the engine, not in its private
         # cache: remove them with it, or they outlive their records.
         from hybrid.deps.layers import prune, recorded_keys
@@ -196,5 +196,5 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
         with contextlib.suppress(HybridError):
             prune(only=recorded_keys())
-    for path in _PRIVATE:
+    for path in _PRIVATE.values():
         shutil.rmtree(path, ignore_errors=True)
