@@ -3,7 +3,8 @@
 The strongest boundary here: the guest has its own Linux kernel, a read-only root, no network
 device and only the workspace (and read-only mounts) shared over 9p. KVM when the host's KVM
 can boot a stock kernel, TCG otherwise (``hybrid.workstation.microvm.vm.accel`` says which and
-why). The artifacts come from ``hybrid image microvm`` (Debian kernel, the guest agent compiled here, base image).
+why). The artifacts come from ``hybrid image microvm`` (Debian kernel, the guest agent
+compiled here, base image).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 A cold boot to the first command takes ~2.2 s under TCG; a *template* (a VM booted to a ready
 agent, saved with QEMU's migration to a file, before anything is mounted) restores in ~0.3 s.
 Templates are keyed by the artifacts and by what the migration stream must match: the machine,
-CPU and kernel command line, RAM size, vCPUs and the number of 9p shares. The share *paths* are not in the stream (9p blocks migration only
-while mounted, and the template never mounts), so one template serves every workspace.
+CPU and kernel command line, RAM size, vCPUs and the number of 9p shares. The share *paths* are
+not in the stream (9p blocks migration only while mounted, and the template never mounts), so
+one template serves every workspace.
 """
 
 from __future__ import annotations
