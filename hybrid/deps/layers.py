@@ -36,7 +36,7 @@ LABEL_IMAGE = "hybrid.deps.image"
 PREFIX = "/opt/hybrid"
 VENV = f"{PREFIX}/venv"
 NODE = f"{PREFIX}/node"
-_FORMAT = "3"  # bump when the install script changes what a layer holds
+_FORMAT = "4"  # bump when the install script changes what a layer holds
 _STAGE = "/hybrid-deps"
 
 _SCRIPT = r"""set -eu
@@ -52,6 +52,9 @@ if [ -s {stage}/python.txt ]; then
   # version) lets importlib.metadata.version(project) answer as it would when installed.
   if [ -s {stage}/project.txt ]; then
     name=$(cat {stage}/project.txt)
+    # A dependency can need the project itself (hypothesis needs attrs; pytest needs packaging
+    # and pluggy): its released copy in the venv would shadow the checkout being tested.
+    {venv}/bin/python -m pip uninstall -y -q "$name" >/dev/null 2>&1 || true
     info="$site/$(echo "$name" | tr - _)-0+unknown.dist-info"
     mkdir -p "$info"
     printf 'Metadata-Version: 2.1\nName: %s\nVersion: 0+unknown\n' "$name" > "$info/METADATA"

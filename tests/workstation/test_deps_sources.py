@@ -48,3 +48,35 @@ def test_sdist_only_package_is_built_inside(engine, tmp_path: Path) -> None:
         ws.remove()
         with contextlib.suppress(Exception):
             client().api.remove_image(layer, force=True)
+
+
+def test_a_dependency_that_needs_the_project_does_not_shadow_the_checkout(
+    engine, tmp_path: Path
+) -> None:
+    # python-dateutil needs six, so the resolution holds a released six; the tests must still
+    # import the checkout (as hypothesis needs attrs, and pytest needs packaging and pluggy).
+    repo = tmp_path / "six"
+    (repo / "src" / "six").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text(
+        '[project]\nname = "six"\nversion = "0.1"\ndependencies = ["python-dateutil==2.9.0.post0"]\n'
+    )
+    (repo / "src" / "six" / "__init__.py").write_text("FROM_CHECKOUT = True\n")
+    manifest = deps.plan(repo)
+    assert "six" in {a.name for a in manifest.artifacts}
+    spec = SandboxSpec.model_validate(
+        {"tier": "docker", "budget": {"wall_seconds": 120, "memory": "512M", "pids": 128}}
+    )
+    ws = deps.up(engine, repo, spec)
+    layer = deps.installed(ws).layer
+    try:
+        probe = (
+            "import six, dateutil, importlib.metadata as m; "
+            "print(six.__file__, six.FROM_CHECKOUT, m.version('six'))"
+        )
+        ran = ws.exec(["python", "-B", "-c", probe])
+        assert ran.exit_code == 0, ran.stderr
+        assert ran.stdout.split() == ["/workspace/src/six/__init__.py", "True", "0+unknown"]
+    finally:
+        ws.remove()
+        with contextlib.suppress(Exception):
+            client().api.remove_image(layer, force=True)
