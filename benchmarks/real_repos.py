@@ -174,6 +174,7 @@ def main() -> None:
         )
         return
 
+    from hybrid.errors import HybridError
     from hybrid.validate import validate
     from hybrid.workstation.images import BASE_IMAGE, profile_tag
 
@@ -194,15 +195,19 @@ def main() -> None:
         base = profile_tag("node") if node else BASE_IMAGE
         # One installed environment per project, from the newest sampled commit's parent; a
         # commit whose own dependencies differ (a dependency failure) is retried with them.
-        image = shared_layer(repo, commits[0], base) if commits else base
+        try:
+            image = shared_layer(repo, commits[0], base) if commits else base
+        except HybridError as exc:  # each commit then tries its own, and says why
+            print(f"{project.name}: no shared layer: {str(exc)[:200]}", file=sys.stderr)
+            image = ""
         seconds = []
         for sha in commits:
             if any(d.startswith(sha) for d in done):
                 continue
             start = time.monotonic()
             options = {"test_command": project.test_command, "timeout": args.timeout}
-            result = validate(repo, sha, image=image, deps=False, **options)
-            if result.failure == "dependency":
+            result = validate(repo, sha, image=image or base, deps=not image, **options)
+            if result.failure == "dependency" and image:
                 result = validate(repo, sha, image=base, **options)
             seconds.append(time.monotonic() - start)
             verdict = "ok" if result.validated else f"{result.failure}: {result.reason[:120]}"

@@ -38,11 +38,13 @@ def detect(repo: Path, groups: Iterable[str] = ("test", "tests", "testing", "dev
     reader.pyproject()
     reader.setup_cfg()
     reader.setup_py()
-    for pattern in _REQ_FILES:
-        for path in sorted(repo.glob(pattern)):
-            if not _SKIP_REQ.search(path.name):
-                reader.requirements_file(path)
-    reader.tox_ini()
+    # The files tox's test environment installs are the project's own choice; the glob is the
+    # fallback (it would also take jinja's tests37.txt, whose pins conflict with tests.txt).
+    if not reader.tox_ini():
+        for pattern in _REQ_FILES:
+            for path in sorted(repo.glob(pattern)):
+                if not _SKIP_REQ.search(path.name):
+                    reader.requirements_file(path)
     reader.noxfile()
     reader.uv_lock()
     reader.poetry_lock()
@@ -213,26 +215,31 @@ class _Reader:
                     key = f"{canonicalize_name(req.name)}=={pins[0]}"
                     self.declared.hashes.setdefault(key, []).extend(d.lower() for d in digests)
 
-    def tox_ini(self) -> None:
+    def tox_ini(self) -> bool:
+        """Read tox's ``[testenv] deps``; True when they name a requirements file."""
         path = self.repo / "tox.ini"
         text = self._load(path)
         if text is None:
-            return
+            return False
         parser = configparser.ConfigParser(interpolation=None, strict=False)
         try:
             parser.read_string(text)
         except configparser.Error:
-            return
+            return False
         if not parser.has_option("testenv", "deps"):
-            return
+            return False
+        named = False
         for line in _lines(parser.get("testenv", "deps")):
             if "{" in line:
                 continue  # a tox substitution: only tox knows its value
             if line.startswith(("-r", "-c")):
-                self.requirements_file(self.repo / line[2:].strip().lstrip("="))
+                included = self.repo / line[2:].strip().lstrip("=")
+                self.requirements_file(included)
+                named = named or (line.startswith("-r") and included.is_file())
             elif not line.startswith("-"):
                 self._check(line, "tox.ini")
                 self.wanted.append((line, "tox.ini"))
+        return named
 
     def noxfile(self) -> None:
         text = self._load(self.repo / "noxfile.py")

@@ -88,3 +88,15 @@ def test_a_deps_policy_round_trips_through_toml(tmp_path: Path) -> None:
     path.write_text(spec.to_toml())
     assert SandboxSpec.from_toml(path) == spec
     assert "[deps]" not in SandboxSpec(tier="docker").to_toml()
+
+
+def test_the_files_tox_installs_are_read_and_not_their_siblings(tmp_path: Path) -> None:
+    # jinja's shape: pip-compiled sets for several environments, whose pins conflict.
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "tests.txt").write_text("packaging==24.1\npytest==8.3.3\n")
+    (tmp_path / "requirements" / "tests37.txt").write_text("packaging==24.0\npytest==7.4.4\n")
+    (tmp_path / "tox.ini").write_text("[testenv]\ndeps = -r requirements/tests.txt\n")
+    assert {r.spec for r in detect(tmp_path).python} == {"packaging==24.1", "pytest==8.3.3"}
+    # Without tox naming them, every set is read (there is no better evidence).
+    (tmp_path / "tox.ini").unlink()
+    assert len(detect(tmp_path).python) == 4
