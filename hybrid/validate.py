@@ -253,7 +253,8 @@ def validate(
                 ws = deps_api.up(backend, checkout, spec, image=image)
             else:
                 ws = backend.create(spec, image=image, repo=checkout)
-        except (DependencyError, PolicyViolation) as exc:
+        except (DependencyError, PolicyViolation, InvalidInput) as exc:
+            # InvalidInput here is the project's own declaration (a requirement pip cannot read)
             result.failure, result.reason = "dependency", str(exc).splitlines()[0][:500]
             return result
         result.seconds["setup"] = time.monotonic() - mark

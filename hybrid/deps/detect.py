@@ -26,6 +26,7 @@ from hybrid.errors import InvalidInput
 from hybrid.paths import display
 
 _REQ_FILES = ("requirements*.txt", "requirements/*.txt", "*requirements*/*.txt")
+_TOX_FACTOR = re.compile(r"^!?[\w.-]+(,!?[\w.-]+)*:\s")  # "coverage: coverage", "py38,py39: x"
 _SKIP_REQ = re.compile(r"(docs?|doc-|lint|typecheck|release|publish)", re.IGNORECASE)
 
 
@@ -230,8 +231,8 @@ class _Reader:
             return False
         named = False
         for line in _lines(parser.get("testenv", "deps")):
-            if "{" in line:
-                continue  # a tox substitution: only tox knows its value
+            if "{" in line or _TOX_FACTOR.match(line):
+                continue  # a substitution or a factor's own dependency: only tox knows which
             if line.startswith(("-r", "-c")):
                 included = self.repo / line[2:].strip().lstrip("=")
                 self.requirements_file(included)

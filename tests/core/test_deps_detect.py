@@ -91,11 +91,14 @@ def test_a_deps_policy_round_trips_through_toml(tmp_path: Path) -> None:
 
 
 def test_the_files_tox_installs_are_read_and_not_their_siblings(tmp_path: Path) -> None:
-    # jinja's shape: pip-compiled sets for several environments, whose pins conflict.
+    # jinja's shape: pip-compiled sets for several environments, whose pins conflict; a
+    # factor's own dependencies (pluggy's "coverage: coverage") are tox's to choose.
     (tmp_path / "requirements").mkdir()
     (tmp_path / "requirements" / "tests.txt").write_text("packaging==24.1\npytest==8.3.3\n")
     (tmp_path / "requirements" / "tests37.txt").write_text("packaging==24.0\npytest==7.4.4\n")
-    (tmp_path / "tox.ini").write_text("[testenv]\ndeps = -r requirements/tests.txt\n")
+    (tmp_path / "tox.ini").write_text(
+        "[testenv]\ndeps =\n  -r requirements/tests.txt\n  coverage: coverage\n  !pypy,py3: trio\n"
+    )
     assert {r.spec for r in detect(tmp_path).python} == {"packaging==24.1", "pytest==8.3.3"}
     # Without tox naming them, every set is read (there is no better evidence).
     (tmp_path / "tox.ini").unlink()
