@@ -276,6 +276,7 @@ class _Reader:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InvalidInput(f"{display(self.repo / name)}: not valid TOML: {exc}") from None
+        versions: dict[str, set[str]] = {}
         for package in data.get("package") or []:
             pkg, version = package.get("name"), package.get("version")
             if not (isinstance(pkg, str) and isinstance(version, str)):
@@ -284,7 +285,7 @@ class _Reader:
             source = package.get("source") or {}
             if pkg == self.declared.project or "editable" in source or "virtual" in source:
                 continue
-            self.declared.locked[pkg] = version
+            versions.setdefault(pkg, set()).add(version)
             digests = [
                 str(f.get("hash", "")).removeprefix("sha256:").lower()
                 for f in files(package)
@@ -292,6 +293,12 @@ class _Reader:
             ]
             if digests:
                 self.declared.hashes[f"{pkg}=={version}"] = digests
+        # A package locked at one version per Python range (uv's resolution-markers: sphinx
+        # 8.1 below 3.11, 9.0 on 3.11, 9.1 from 3.12) is left to pip, which knows the target's
+        # Python; its hashes still hold whichever version pip picks.
+        for pkg, found in versions.items():
+            if len(found) == 1:
+                self.declared.locked[pkg] = found.pop()
 
     def node(self) -> None:
         for lock in ("npm-shrinkwrap.json", "package-lock.json"):

@@ -103,3 +103,23 @@ def test_the_files_tox_installs_are_read_and_not_their_siblings(tmp_path: Path) 
     # Without tox naming them, every set is read (there is no better evidence).
     (tmp_path / "tox.ini").unlink()
     assert len(detect(tmp_path).python) == 4
+
+
+def test_a_package_locked_per_python_range_is_left_to_pip(tmp_path: Path) -> None:
+    # sqlparse's uv.lock: sphinx 8.1.3 below 3.11 and 9.1.0 from 3.12; pinning either one
+    # for every target made pip's resolution impossible on 3.11.
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\n[dependency-groups]\ndev = ["sphinx", "idna"]\n'
+    )
+    rows = [("sphinx", "8.1.3", "c"), ("sphinx", "9.1.0", "d"), ("idna", "3.7", "e")]
+    (tmp_path / "uv.lock").write_text(
+        "".join(
+            f'[[package]]\nname = "{n}"\nversion = "{v}"\n'
+            f'wheels = [{{ url = "x", hash = "sha256:{h * 64}" }}]\n'
+            for n, v, h in rows
+        )
+    )
+    declared = detect(tmp_path)
+    assert declared.locked == {"idna": "3.7"}
+    assert set(declared.hashes) == {"sphinx==8.1.3", "sphinx==9.1.0", "idna==3.7"}
+    assert {r.spec: r.pinned for r in declared.python} == {"sphinx": False, "idna": True}
