@@ -100,14 +100,19 @@ def mine(repo: Path, project: Project, limit: int, scan: int = 4000) -> list[str
 
     head = project.until or "HEAD"
     log = subprocess.run(
-        ["git", "-C", str(repo), "log", "--no-merges", "-n", str(scan), "--format=%H%x00%s", head],
+        [
+            *("git", "-C", str(repo), "log", "--no-merges", "-n", str(scan)),
+            *("--format=%H%x00%s%x00%an", head),
+        ],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
     picked: list[str] = []
     for line in log.splitlines():
-        sha, _, subject = line.partition("\0")
+        sha, subject, author = line.split("\0")
+        if author.endswith("[bot]"):  # formatting and dependency bumps, never a fix to validate
+            continue
         if not (project.any_subject or _FIX.search(subject)) or any(
             rule.search(subject) for rule in (_NOT_A_FIX, _OTHER_PLATFORM, _ADDS_TESTS)
         ):
