@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hybrid import deps
 from hybrid.policy import SandboxSpec
+from hybrid.workstation.base import Backend
 from hybrid.workstation.docker import client
 
 PYPROJECT = """[project]
@@ -17,6 +18,25 @@ name = "demo-proj"
 version = "1.0"
 dependencies = ["docopt==0.6.2"]
 """
+
+
+def _probe(engine: Backend, repo: Path, code: str) -> list[str]:
+    """What ``code`` prints in a workstation of ``repo`` with its dependencies installed (the
+    workstation and its layer are removed afterwards)."""
+    spec = SandboxSpec.model_validate(
+        {"tier": "docker", "budget": {"wall_seconds": 300, "memory": "1G", "pids": 256}}
+    )
+    ws = deps.up(engine, repo, spec)
+    layer = deps.installed(ws).layer
+    try:
+        ran = ws.exec(["python", "-B", "-c", code])
+        assert ran.exit_code == 0, ran.stderr
+        assert ws.diff() == ""
+        return ran.stdout.split()
+    finally:
+        ws.remove()
+        with contextlib.suppress(Exception):
+            client().api.remove_image(layer, force=True)
 
 
 def test_sdist_only_package_is_built_inside(engine, tmp_path: Path) -> None:
@@ -30,24 +50,11 @@ def test_sdist_only_package_is_built_inside(engine, tmp_path: Path) -> None:
     assert "docopt-0.6.2.tar.gz" in files
     assert not any(f.startswith("docopt-") and f.endswith(".whl") for f in files)
     assert {"setuptools", "wheel"} <= {a.name for a in manifest.artifacts}  # its build needs
-    spec = SandboxSpec.model_validate(
-        {"tier": "docker", "budget": {"wall_seconds": 300, "memory": "1G", "pids": 256}}
+    probe = (
+        "import docopt, demo_proj, importlib.metadata as m; "
+        "print(docopt.__version__, demo_proj.VALUE, m.version('demo-proj'))"
     )
-    ws = deps.up(engine, repo, spec)
-    layer = deps.installed(ws).layer
-    try:
-        probe = (
-            "import docopt, demo_proj, importlib.metadata as m; "
-            "print(docopt.__version__, demo_proj.VALUE, m.version('demo-proj'))"
-        )
-        ran = ws.exec(["python", "-B", "-c", probe])
-        assert ran.exit_code == 0, ran.stderr
-        assert ran.stdout.split() == ["0.6.2", "42", "0+unknown"]
-        assert ws.diff() == ""
-    finally:
-        ws.remove()
-        with contextlib.suppress(Exception):
-            client().api.remove_image(layer, force=True)
+    assert _probe(engine, repo, probe) == ["0.6.2", "42", "0+unknown"]
 
 
 def test_a_dependency_that_needs_the_project_does_not_shadow_the_checkout(
@@ -63,20 +70,8 @@ def test_a_dependency_that_needs_the_project_does_not_shadow_the_checkout(
     (repo / "src" / "six" / "__init__.py").write_text("FROM_CHECKOUT = True\n")
     manifest = deps.plan(repo)
     assert "six" in {a.name for a in manifest.artifacts}
-    spec = SandboxSpec.model_validate(
-        {"tier": "docker", "budget": {"wall_seconds": 120, "memory": "512M", "pids": 128}}
+    probe = (
+        "import six, dateutil, importlib.metadata as m; "
+        "print(six.__file__, six.FROM_CHECKOUT, m.version('six'))"
     )
-    ws = deps.up(engine, repo, spec)
-    layer = deps.installed(ws).layer
-    try:
-        probe = (
-            "import six, dateutil, importlib.metadata as m; "
-            "print(six.__file__, six.FROM_CHECKOUT, m.version('six'))"
-        )
-        ran = ws.exec(["python", "-B", "-c", probe])
-        assert ran.exit_code == 0, ran.stderr
-        assert ran.stdout.split() == ["/workspace/src/six/__init__.py", "True", "0+unknown"]
-    finally:
-        ws.remove()
-        with contextlib.suppress(Exception):
-            client().api.remove_image(layer, force=True)
+    assert _probe(engine, repo, probe) == ["/workspace/src/six/__init__.py", "True", "0+unknown"]
