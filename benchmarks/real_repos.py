@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -173,6 +174,8 @@ def main() -> None:
         "--table", type=Path, nargs="+", help="Only print the table of earlier --json files."
     )
     args = parser.parse_args()
+    # A stopped run still removes its workstation: SIGTERM unwinds through validate's finally.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.table:
         table_of(
             [json.loads(line) for path in args.table for line in path.read_text().splitlines()]
