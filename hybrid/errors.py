@@ -66,6 +66,10 @@ class InvalidDiff(InvalidInput):
     """A unified diff does not parse."""
 
 
+class InvalidDeclaration(InvalidInput):
+    """A project's own dependency declaration (a lockfile, a requirement) cannot be read."""
+
+
 class PolicyViolation(HybridError):
     """A spec asks for something the policy does not allow; ``violations`` lists every reason."""
 

@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from hybrid.errors import DependencyError, HybridError, InvalidInput, PolicyViolation
+from hybrid.errors import (
+    DependencyError,
+    HybridError,
+    InvalidDeclaration,
+    InvalidInput,
+    PolicyViolation,
+)
 from hybrid.paths import display
 
 if TYPE_CHECKING:
@@ -253,8 +259,7 @@ def validate(
                 ws = deps_api.up(backend, checkout, spec, image=image)
             else:
                 ws = backend.create(spec, image=image, repo=checkout)
-        except (DependencyError, PolicyViolation, InvalidInput) as exc:
-            # InvalidInput here is the project's own declaration (a requirement pip cannot read)
+        except (DependencyError, PolicyViolation, InvalidDeclaration) as exc:
             result.failure, result.reason = "dependency", str(exc).splitlines()[0][:500]
             return result
         result.seconds["setup"] = time.monotonic() - mark

@@ -22,7 +22,7 @@ from packaging.requirements import Requirement as Req
 from packaging.utils import canonicalize_name
 
 from hybrid.deps.models import Declared, Requirement
-from hybrid.errors import InvalidInput
+from hybrid.errors import InvalidDeclaration, InvalidInput
 from hybrid.paths import display
 
 _REQ_FILES = ("requirements*.txt", "requirements/*.txt", "*requirements*/*.txt")
@@ -31,7 +31,8 @@ _SKIP_REQ = re.compile(r"(docs?|doc-|lint|typecheck|release|publish)", re.IGNORE
 
 
 def detect(repo: Path, groups: Iterable[str] = ("test", "tests", "testing", "dev")) -> Declared:
-    """Everything ``repo`` declares; InvalidInput names the file and line of a malformed entry."""
+    """Everything ``repo`` declares; InvalidDeclaration names the file and line of a malformed
+    entry."""
     repo = Path(repo)
     if not repo.is_dir():
         raise InvalidInput(f"{display(repo)}: not a directory")
@@ -87,7 +88,7 @@ class _Reader:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise InvalidInput(f"{display(path)}: not valid TOML: {exc}") from None
+            raise InvalidDeclaration(f"{display(path)}: not valid TOML: {exc}") from None
         project = data.get("project") or {}
         poetry = (data.get("tool") or {}).get("poetry") or {}
         name = project.get("name") or poetry.get("name")
@@ -132,7 +133,7 @@ class _Reader:
         try:
             parser.read_string(text)
         except configparser.Error as exc:
-            raise InvalidInput(f"{display(self.repo / 'setup.cfg')}: {exc}") from None
+            raise InvalidDeclaration(f"{display(self.repo / 'setup.cfg')}: {exc}") from None
         if parser.has_option("metadata", "name") and not self.declared.project:
             self.declared.project = canonicalize_name(parser.get("metadata", "name"))
         if parser.has_option("options", "install_requires"):
@@ -275,7 +276,9 @@ class _Reader:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise InvalidInput(f"{display(self.repo / name)}: not valid TOML: {exc}") from None
+            raise InvalidDeclaration(
+                f"{display(self.repo / name)}: not valid TOML: {exc}"
+            ) from None
         versions: dict[str, set[str]] = {}
         for package in data.get("package") or []:
             pkg, version = package.get("name"), package.get("version")
@@ -314,7 +317,7 @@ class _Reader:
         try:
             Req(spec)
         except InvalidRequirement as exc:
-            raise InvalidInput(f"{where}: not a requirement: {spec!r} ({exc})") from None
+            raise InvalidDeclaration(f"{where}: not a requirement: {spec!r} ({exc})") from None
 
     def result(self) -> Declared:
         declared = self.declared
@@ -328,7 +331,7 @@ class _Reader:
             try:
                 req = Req(spec)
             except InvalidRequirement as exc:
-                raise InvalidInput(f"{source}: not a requirement: {spec!r} ({exc})") from None
+                raise InvalidDeclaration(f"{source}: not a requirement: {spec!r} ({exc})") from None
             if project and canonicalize_name(req.name) == project:
                 extras |= {canonicalize_name(e) for e in req.extras}
                 continue
@@ -340,7 +343,9 @@ class _Reader:
                 try:
                     req = Req(spec)
                 except InvalidRequirement as exc:
-                    raise InvalidInput(f"{source}: not a requirement: {spec!r} ({exc})") from None
+                    raise InvalidDeclaration(
+                        f"{source}: not a requirement: {spec!r} ({exc})"
+                    ) from None
                 if project and canonicalize_name(req.name) == project:
                     continue  # an extra that names the project again (all = [proj[a,b]])
                 chosen.append((spec, source))

@@ -161,6 +161,21 @@ def test_commits_that_are_not_fixes_with_tests_are_bad_input(repo: Path, tmp_pat
         _git(repo, "reset", "-q", "--hard", "HEAD~1")
 
 
+def test_a_declaration_pip_cannot_read_is_a_dependency_failure(repo: Path, tmp_path: Path) -> None:
+    # The project's own file is at fault, not the caller: classified, not raised as bad input.
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(repo), str(clone))
+    _git(clone, "checkout", "-q", "HEAD~1")
+    (clone / "tox.ini").write_text("[testenv]\ndeps = pytest >= = 8\n")
+    _git(clone, "add", "tox.ini")
+    _git(clone, "commit", "-qm", "parent with a broken tox.ini")
+    _git(clone, "cherry-pick", _git(repo, "rev-parse", "HEAD").strip())
+    result = validate(clone, "HEAD", spec=_spec())
+    assert not result.validated
+    assert result.failure == "dependency"
+    assert result.reason.startswith("tox.ini: not a requirement")
+
+
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
