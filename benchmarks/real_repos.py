@@ -5,9 +5,10 @@
 ``DIR`` holds git repositories (bare or not) fetched for evaluation, one per project, found as
 ``DIR/OWNER+NAME/repo`` or ``DIR/NAME``; none of their code is part of this project. Commits
 are mined newest first: a bug fix (by its subject, which names no other platform and does not
-lead with adding tests) that changes test files and source code, touches no dependency
-declaration (so one installed environment serves the project), and is small. Each is validated with ``hybrid.validate.validate`` in a workstation at its parent with
-the project's dependencies admitted and installed offline (the install layer is cached, so
+lead with adding tests; not by a bot) that changes test files and source code, touches no
+dependency declaration (so one installed environment serves the project), and is small. Each
+is validated with ``hybrid.validate.validate`` in a workstation at its parent with the
+project's dependencies admitted and installed offline (the install layer is cached, so
 repeats of one project start in seconds). One table: per project, sampled, validated, and the
 failure classes of the rest.
 """
@@ -100,11 +101,9 @@ def mine(repo: Path, project: Project, limit: int, scan: int = 4000) -> list[str
     from hybrid.validate import is_test
 
     head = project.until or "HEAD"
+    fields = "--format=%H%x00%s%x00%an"  # sha, subject, author
     log = subprocess.run(
-        [
-            *("git", "-C", str(repo), "log", "--no-merges", "-n", str(scan)),
-            *("--format=%H%x00%s%x00%an", head),
-        ],
+        ["git", "-C", str(repo), "log", "--no-merges", "-n", str(scan), fields, head],
         capture_output=True,
         text=True,
         check=True,
@@ -203,19 +202,19 @@ def main() -> None:
         base = profile_tag("node") if node else BASE_IMAGE
         # One installed environment per project, from the newest sampled commit's parent; a
         # commit whose own dependencies differ (a dependency failure) is retried with them.
+        shared = None
         try:
-            image = shared_layer(repo, commits[0], base) if commits else base
+            shared = shared_layer(repo, commits[0], base) if commits else None
         except HybridError as exc:  # each commit then tries its own, and says why
             print(f"{project.name}: no shared layer: {str(exc)[:200]}", file=sys.stderr)
-            image = ""
         seconds = []
         for sha in commits:
             if any(d.startswith(sha) for d in done):
                 continue
             start = time.monotonic()
             options = {"test_command": project.test_command, "timeout": args.timeout}
-            result = validate(repo, sha, image=image or base, deps=not image, **options)
-            if result.failure == "dependency" and image:
+            result = validate(repo, sha, image=shared or base, deps=shared is None, **options)
+            if result.failure == "dependency" and shared:
                 result = validate(repo, sha, image=base, **options)
             seconds.append(time.monotonic() - start)
             verdict = "ok" if result.validated else f"{result.failure}: {result.reason[:120]}"
