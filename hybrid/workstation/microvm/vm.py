@@ -261,7 +261,11 @@ class Machine:
                 continue
             break
         self._sock = sock
-        self._reader = threading.Thread(target=self._read, name="hybrid-microvm-agent", daemon=True)
+        # The reader keeps its own reference: _disconnect() clears self._sock while it may be
+        # inside recv(), and the closed socket must end it with OSError, not AttributeError.
+        self._reader = threading.Thread(
+            target=self._read, args=(sock,), name="hybrid-microvm-agent", daemon=True
+        )
         self._reader.start()
         while True:
             with contextlib.suppress(TimeoutError):
@@ -330,12 +334,11 @@ class Machine:
                     f"the microVM's agent is gone ({exc.strerror}){self._why()}"
                 ) from None
 
-    def _read(self) -> None:
-        assert self._sock is not None
+    def _read(self, sock: socket.socket) -> None:
         pending = b""
         with contextlib.suppress(OSError):
             while True:
-                data = self._sock.recv(262144)
+                data = sock.recv(262144)
                 if not data:
                     break
                 pending += data
