@@ -15,12 +15,17 @@ def image() -> None:
 
 @image.command("bootstrap")
 @click.option(
-    "--tag", help="Image tag to build (default: hybrid/base:bookworm or $HYBRID_BASE_IMAGE)."
+    "--tag",
+    help="Image tag to build (default: hybrid/base:bookworm or $HYBRID_BASE_IMAGE; "
+    "hybrid/base:SUITE for another --suite).",
 )
 @click.option(
     "--mirror", help="Debian mirror URI (default: the one in this machine's apt sources)."
 )
-@click.option("--suite", help="Debian suite (default: this machine's release).")
+@click.option(
+    "--suite",
+    help="Debian suite (default: this machine's release); trixie has Python 3.13, forky 3.14.",
+)
 @click.option("--force", is_flag=True, help="Rebuild even if the image exists.")
 @click.option(
     "--profile",
@@ -50,7 +55,7 @@ def bootstrap(
 
     from hybrid.workstation import images
 
-    tag = tag or images.profile_tag(profile)
+    tag = tag or images.profile_tag(profile, suite)
     if service:
         kind, _, version = service.partition(":")
         tag = f"{kind} service image"

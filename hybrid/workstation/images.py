@@ -40,15 +40,23 @@ PROFILES: dict[str, tuple[str, ...]] = {
 """Package sets of ``hybrid image bootstrap --profile``, all from Debian."""
 
 
-def profile_tag(profile: str) -> str:
-    """The default tag of a profile's image: the base image for python, ``-PROFILE`` otherwise."""
+def profile_tag(profile: str, suite: str | None = None) -> str:
+    """The default tag of a profile's image: the base image for python, ``-PROFILE`` otherwise.
+
+    Another Debian ``suite`` (trixie for Python 3.13, forky for 3.14) is its own tag,
+    ``hybrid/base:SUITE``, so images of several interpreters live side by side.
+    """
     if profile not in PROFILES:
         raise InvalidInput(f"unknown profile {profile!r}: use one of {', '.join(PROFILES)}")
-    return BASE_IMAGE if profile == "python" else f"{BASE_IMAGE}-{profile}"
+    base = BASE_IMAGE
+    if suite and suite != _codename():
+        base = f"{BASE_IMAGE.rsplit(':', 1)[0]}:{suite}"
+    return base if profile == "python" else f"{base}-{profile}"
 
 
 AGENT_UID = 1000
 _SOURCES_DIRS = (Path("/etc/apt/sources.list.d"), Path("/etc/apt"))
+_DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 
 
 class ImageInfo(BaseModel):
@@ -74,8 +82,25 @@ def _codename() -> str:
 
 
 def find_mirror(suite: str | None = None) -> str:
-    """The Debian mirror URI this machine's apt sources use for ``suite`` (default: its release)."""
-    suite = suite or _codename()
+    """The Debian mirror URI this machine's apt sources use for ``suite`` (default: its release).
+
+    A suite no source names (trixie on a bookworm machine) comes from the mirror of the
+    machine's own release: a Debian archive serves every suite.
+    """
+    release = _codename()
+    suite = suite or release
+    found = _configured_mirror(suite)
+    if found is None and suite != release:
+        found = _configured_mirror(release)
+    if found is None:
+        raise EngineUnavailable(
+            f"no apt source for suite {suite!r} in /etc/apt/sources.list(.d); "
+            "pass --mirror URI (a Debian mirror reachable from here)"
+        )
+    return found
+
+
+def _configured_mirror(suite: str) -> str | None:
     candidates: list[Path] = []
     for directory in _SOURCES_DIRS:
         if directory.is_dir():
@@ -90,10 +115,7 @@ def find_mirror(suite: str | None = None) -> str:
         )
         if found:
             return found.rstrip("/")
-    raise EngineUnavailable(
-        f"no apt source for suite {suite!r} in /etc/apt/sources.list(.d); "
-        "pass --mirror URI (a Debian mirror reachable from here)"
-    )
+    return None
 
 
 def _deb822_mirror(text: str, suite: str) -> str | None:
@@ -175,6 +197,10 @@ def bootstrap(
             str(rootfs),
             mirror,
         ]
+        # This machine's debootstrap may predate the suite (bookworm's knows no forky); every
+        # Debian release since bullseye bootstraps with the same script as sid.
+        if not (_DEBOOTSTRAP_SCRIPTS / suite).exists() and (_DEBOOTSTRAP_SCRIPTS / "sid").exists():
+            command.append(str(_DEBOOTSTRAP_SCRIPTS / "sid"))
         progress(f"debootstrap {suite} from {mirror}")
         _stream(command, progress)
         if extra:
