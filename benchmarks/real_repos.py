@@ -11,6 +11,11 @@ is validated with ``hybrid.validate.validate`` in a workstation at its parent wi
 project's dependencies admitted and installed offline (the install layer is cached, so
 repeats of one project start in seconds). One table: per project, sampled, validated, and the
 failure classes of the rest.
+
+``--also-image TAG`` (repeatable, Python projects) is a CI matrix: a commit that does not
+validate on the default image (Debian's Python 3.11) is validated again on each of these in
+turn, such as ``hybrid image bootstrap --suite trixie`` (3.13) and ``--suite forky`` (3.14), for
+fixes of behaviour only a newer interpreter shows. The table counts those apart.
 """
 
 from __future__ import annotations
@@ -167,6 +172,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="Write every Validation here (JSON lines).")
     parser.add_argument("--timeout", type=float, default=300, help="Seconds per test run.")
     parser.add_argument(
+        "--also-image",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help="Validate a commit that misses on the default image again on this one (repeatable).",
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="Skip commits the --json file already holds."
     )
     parser.add_argument(
@@ -216,14 +228,27 @@ def main() -> None:
             result = validate(repo, sha, image=shared or base, deps=shared is None, **options)
             if result.failure == "dependency" and shared:
                 result = validate(repo, sha, image=base, **options)
+            also = None
+            for other in [] if node else args.also_image:
+                if result.validated:
+                    break
+                retry = validate(repo, sha, image=other, **options)
+                if retry.validated:
+                    result, also = retry, other
             seconds.append(time.monotonic() - start)
             verdict = "ok" if result.validated else f"{result.failure}: {result.reason[:120]}"
             print(
                 f"{project.name} {sha[:10]} {seconds[-1]:5.1f}s f2p={len(result.fail_to_pass)} "
-                f"p2p={len(result.pass_to_pass)} {verdict}  ({result.subject[:60]})",
+                f"p2p={len(result.pass_to_pass)} {verdict}  ({result.subject[:60]})"
+                + (f" on {also}" if also else ""),
                 flush=True,
             )
-            record = {"project": project.name, "wall": seconds[-1], **result.model_dump()}
+            record = {
+                "project": project.name,
+                "wall": seconds[-1],
+                "also_image": also,
+                **result.model_dump(),
+            }
             records.append(record)
             if out:
                 out.write(json.dumps(record) + "\n")
@@ -241,7 +266,8 @@ def table_of(records: list[dict[str, Any]]) -> None:
     projects: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         projects.setdefault(record["project"], []).append(record)
-    header = ["project", "sample", "sampled", "validated", *FAILURES, "median s/commit"]
+    header = ["project", "sample", "sampled", "validated", "of them on --also-image"]
+    header += [*FAILURES, "median s/commit"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     totals: dict[str, tuple[int, int, Counter[str]]] = {}
@@ -252,11 +278,19 @@ def table_of(records: list[dict[str, Any]]) -> None:
         sample = samples.get(name, "?")
         sampled, ok, total = totals.get(sample, (0, 0, Counter()))
         totals[sample] = (sampled + len(rows), ok + good, total + classes)
-        cells = [name, sample, str(len(rows)), str(good)]
+        also = sum(1 for r in rows if r["validated"] and r.get("also_image"))
+        cells = [name, sample, str(len(rows)), str(good), str(also)]
         cells += [str(classes.get(f, 0)) for f in FAILURES]
         print("| " + " | ".join([*cells, f"{seconds[len(seconds) // 2]:.0f}"]) + " |")
     for sample, (sampled, ok, total) in totals.items():
-        cells = ["total", sample, str(sampled), str(ok), *(str(total.get(f, 0)) for f in FAILURES)]
+        cells = [
+            "total",
+            sample,
+            str(sampled),
+            str(ok),
+            "",
+            *(str(total.get(f, 0)) for f in FAILURES),
+        ]
         print("| " + " | ".join([*cells, ""]) + " |")
     print()
     for sample, (sampled, ok, _) in totals.items():
