@@ -325,8 +325,10 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
     )
     result.pass_to_pass = sorted(t for t in passed_before if t in fixed.outcomes)
     result.broken = sorted(t for t in result.pass_to_pass if fixed.outcomes.get(t) != "passed")
-    if not fixed.outcomes:
-        result.reason = f"the tests did not run after the fix: {fixed.tail[-300:]}"
+    if "passed" not in fixed.outcomes.values():
+        # Nothing ran (a collection error in every state, such as a later pytest refusing an
+        # older project's tests), which is not "the tests already pass".
+        result.reason = f"no test passes after the fix: {fixed.tail[-300:]}"
     elif tests.termination == "timeout" and not tests.outcomes:
         result.reason = "the commit's tests ran out of time before its source change"
     elif _already_pass(result, before, tests):

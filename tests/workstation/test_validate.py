@@ -119,6 +119,26 @@ def test_a_commit_whose_tests_already_pass_does_not_validate(
     assert "already pass" in result.reason
 
 
+def test_tests_that_never_run_do_not_read_as_passing(engine, repo: Path) -> None:
+    """A test file that errors at collection in every state (a later pytest refusing an older
+    project's tests) says so, instead of "the tests already pass"."""
+    test = repo / "tests" / "test_filesize.py"
+    test.write_text(test.read_text() + "\nraise RuntimeError('cannot collect')\n")
+    _git(repo, "commit", "-qam", "A test file that cannot be collected")
+    target = repo / "src" / "humanize" / "filesize.py"
+    target.write_text(target.read_text() + "\n# a comment\n")
+    test.write_text(test.read_text() + "\n# another comment\n")
+    _git(repo, "commit", "-qam", "Touch the source and the tests")
+    try:
+        result = validate(repo, "HEAD", spec=_spec(), backend=engine)
+    finally:
+        _git(repo, "reset", "-q", "--hard", "HEAD~2")
+    assert not result.validated
+    assert result.failure == "other"
+    assert result.reason.startswith("no test passes after the fix"), result.reason
+    assert "cannot collect" in result.reason
+
+
 def test_a_test_that_hangs_before_the_fix_fails_alone(engine, repo, monkeypatch) -> None:
     """The fix's new test hangs at the parent (a wait that never ends): it fails at the per-test
     limit while the run goes on, so the commit validates instead of the run timing out."""
