@@ -25,6 +25,7 @@ import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
@@ -307,7 +308,7 @@ def _validate_in(
         else:
             decided, rerun = fixed, runner.run(ws, "fixed", after_tests)
         result.runs.append(rerun)
-        if rerun.outcomes != decided.outcomes and decided.outcomes:
+        if decided.outcomes and not _agree(rerun, decided):
             result.failure, result.reason = "flaky", f"{result.reason}; a second run disagreed"
         else:
             result.failure = _classify(result, before, fixed) or "other"
@@ -316,12 +317,16 @@ def _validate_in(
 
 def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> None:
     passed_before = {t for t, o in (before.outcomes if before else {}).items() if o == "passed"}
+    # A test the run before the fix did not report failed there (its file did not collect)
+    # unless that file ran cleanly: then it is an id that changes between runs (a
+    # parametrisation by the current time), not a test the fix made pass.
+    clean = {_file(t) for t in tests.outcomes} - {_file(t) for t in _failed(tests)}
     result.fail_to_pass = sorted(
         t
         for t, o in fixed.outcomes.items()
         if o == "passed"
-        and tests.outcomes.get(t) != "passed"
-        and tests.outcomes.get(t) != "skipped"
+        and tests.outcomes.get(t, "absent") in ("failed", "error", "absent")
+        and (t in tests.outcomes or _file(t) not in clean)
     )
     result.pass_to_pass = sorted(t for t in passed_before if t in fixed.outcomes)
     result.broken = sorted(t for t in result.pass_to_pass if fixed.outcomes.get(t) != "passed")
@@ -353,6 +358,23 @@ def _already_pass(result: Validation, before: Run | None, tests: Run) -> bool:
 
 def _failed(run: Run | None) -> set[str]:
     return {t for t, o in (run.outcomes if run else {}).items() if o in ("failed", "error")}
+
+
+def _file(test_id: str) -> str:
+    return test_id.split("::", 1)[0]
+
+
+def _agree(one: Run, other: Run) -> bool:
+    """Whether two runs of one state agree: the same outcome for every test both ran, and the
+    same outcomes per file for tests only one ran (ids carrying a time or a random value)."""
+    common = one.outcomes.keys() & other.outcomes.keys()
+    if any(one.outcomes[t] != other.outcomes[t] for t in common):
+        return False
+
+    def rest(run: Run) -> Counter[tuple[str, str]]:
+        return Counter((_file(t), o) for t, o in run.outcomes.items() if t not in common)
+
+    return rest(one) == rest(other)
 
 
 def _classify(result: Validation, before: Run | None, fixed: Run) -> Failure | None:

@@ -119,6 +119,29 @@ def test_a_commit_whose_tests_already_pass_does_not_validate(
     assert "already pass" in result.reason
 
 
+def test_test_ids_that_change_between_runs_are_not_flaky_or_fixed(engine, repo: Path) -> None:
+    """A test parametrised by the time has a new id in every run (marshmallow's datetime
+    cases): the commit's tests pass at its parent, which is what it must say; not that a
+    second run disagreed, and not that the new ids went from failing to passing."""
+    test = repo / "tests" / "test_filesize.py"
+    target = repo / "src" / "humanize" / "filesize.py"
+    target.write_text(target.read_text() + "\n# a comment\n")
+    test.write_text(
+        test.read_text()
+        + "\n\nimport time\n\n\n@pytest.mark.parametrize('stamp', [time.time_ns()])\n"
+        + "def test_stamped(stamp):\n    assert stamp\n"
+    )
+    _git(repo, "commit", "-qam", "Touch the source, add a test stamped with the time")
+    try:
+        result = validate(repo, "HEAD", spec=_spec(), backend=engine)
+    finally:
+        _git(repo, "reset", "-q", "--hard", "HEAD~1")
+    assert not result.validated
+    assert result.fail_to_pass == []
+    assert result.failure == "other", result.reason
+    assert "already pass" in result.reason
+
+
 def test_tests_that_never_run_do_not_read_as_passing(engine, repo: Path) -> None:
     """A test file that errors at collection in every state (a later pytest refusing an older
     project's tests) says so, instead of "the tests already pass"."""
