@@ -313,16 +313,19 @@ _TERM_KINDS = frozenset({"class", "function", "method", "interface", "type", "mo
 def file_terms(defs: list[DefTuple], docs: list[str], refs: dict[str, int]) -> dict[str, int]:
     """BM25 term frequencies of one file: definition names weigh double, references count
     at most three times each, docstrings count as written."""
-    tf: Counter[str] = Counter(terms("\n".join(docs)))
+    # A plain dict, not a Counter: Counter's __missing__ is a Python call per new term, and
+    # this loop runs for every distinct name of every file.
+    tf: dict[str, int] = dict(Counter(terms("\n".join(docs))))
+    get = tf.get
     for d in defs:
         if d[1] in _TERM_KINDS:
             for term in name_terms(d[0]):
-                tf[term] += DEF_WEIGHT
+                tf[term] = get(term, 0) + DEF_WEIGHT
     for name, count in refs.items():
-        c = min(count, REF_CAP)
+        c = count if count < REF_CAP else REF_CAP
         for term in name_terms(name):
-            tf[term] += c
-    return dict(tf)
+            tf[term] = get(term, 0) + c
+    return tf
 
 
 def extract_file(path: str, lang: str) -> Payload:
