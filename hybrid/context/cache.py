@@ -1,4 +1,5 @@
-"""One SQLite file of per-file tags, keyed by content (the git blob id), plus built graphs.
+"""One SQLite file of per-file tags and graph inputs, keyed by content (the git blob id),
+plus built graphs and maps.
 
 Content keys make the cache shareable across checkouts, worktrees and renames: a file
 whose bytes did not change is never parsed again, wherever it lives. Payloads and slims are
@@ -21,7 +22,7 @@ from hybrid.context.tags import Payload
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 14
+SCHEMA = 15
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 
@@ -83,21 +84,27 @@ class TagCache:
             for key, data in rows:
                 yield key, marshal.loads(data)
 
-    def put_slims(self, items: Iterable[tuple[str, Slim]]) -> None:
-        """Store per-file graph inputs by content key (they never change for a key)."""
-        rows = [(key, marshal.dumps(tuple(value))) for key, value in items]
+    def put_slims(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Store already-marshalled graph inputs by content key (they never change for a key)."""
         with self._db:
             self._db.execute("BEGIN")
-            self._db.executemany("INSERT OR REPLACE INTO slims (key, data) VALUES (?, ?)", rows)
+            self._db.executemany("INSERT OR REPLACE INTO slims (key, data) VALUES (?, ?)", items)
 
     def existing(self, keys: Iterable[str]) -> set[str]:
-        """The subset of ``keys`` that is cached (without reading the payloads)."""
+        """The subset of ``keys`` whose tags are cached (without reading them)."""
+        return self._existing("tags", keys)
+
+    def existing_slims(self, keys: Iterable[str]) -> set[str]:
+        """The subset of ``keys`` whose graph inputs are cached (without reading them)."""
+        return self._existing("slims", keys)
+
+    def _existing(self, table: Literal["tags", "slims"], keys: Iterable[str]) -> set[str]:
         wanted = list(keys)
         found: set[str] = set()
         for start in range(0, len(wanted), _BATCH):
             chunk = wanted[start : start + _BATCH]
             marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(f"SELECT key FROM tags WHERE key IN ({marks})", chunk)
+            rows = self._db.execute(f"SELECT key FROM {table} WHERE key IN ({marks})", chunk)
             found.update(key for (key,) in rows)
         return found
 

@@ -1,9 +1,15 @@
-"""Scan a checkout and bring every source file's tags up to date, incrementally.
+"""Scan a checkout and bring every source file's graph inputs up to date, incrementally.
 
 Inside a git repository the content key of a file is its blob id from ``git ls-files -s``
 (no hashing); only files ``git status`` reports as modified or untracked are read and
-hashed. Files whose key is not cached are parsed, in parallel across cores when there are
-many, and stored. A second run on an unchanged tree parses nothing.
+hashed. Files whose key is not cached are read, in parallel across cores when there are
+many, and stored. A second run on an unchanged tree reads nothing.
+
+What is read of a file up front is what the graph needs: Python files are scanned lexically
+(``lexical.scan`` gives their ``Slim``, several times faster than a parse), other files are
+parsed with tree-sitter (their ``Slim`` comes from the tags). A Python file's full tags
+(signatures, line spans) are parsed when something first asks for them
+(``RepoIndex.payloads``): a map shows a few dozen files of thousands.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from hybrid.context import lexical
 from hybrid.context.cache import _VERSION, TagCache
 from hybrid.context.git import git_output
+from hybrid.context.graph import Slim, slim
 from hybrid.context.languages import language_for
 from hybrid.context.tags import FileTags, Payload, ctags_available, extract_ctags, extract_file
 from hybrid.errors import ContextError
@@ -55,6 +63,7 @@ class IndexStats:
 
     files: int = 0
     parsed: int = 0
+    """Files read now: parsed (tags) or scanned (a Python file's graph inputs)."""
     cached: int = 0
     hashed: int = 0
     workers: int = 1
@@ -64,7 +73,8 @@ class IndexStats:
 
 @dataclass
 class RepoIndex:
-    """The tags of every source file of a checkout; payloads load lazily from the cache."""
+    """The source files of a checkout; graph inputs (``Slim``) and tags (``Payload``) load
+    lazily from the cache, and tags not cached yet are parsed when first asked for."""
 
     root: Path
     files: list[SourceFile]
@@ -73,18 +83,62 @@ class RepoIndex:
     skipped: list[Skipped] = field(default_factory=list)
     stats: IndexStats = field(default_factory=IndexStats)
     _payloads: dict[str, Payload] = field(default_factory=dict)
+    _slims: dict[str, Slim] = field(default_factory=dict)
+    """Graph inputs made by this process, by cache key."""
     _files_by_path: dict[str, SourceFile] = field(default_factory=dict)
 
     def payloads(self, paths: list[str] | None = None) -> dict[str, Payload]:
-        """Payloads by path (all files when ``paths`` is None), from memory or the cache."""
+        """Payloads by path (all files when ``paths`` is None), from memory or the cache,
+        else parsed now (and cached)."""
         by_path = self._by_path()
         wanted = list(by_path) if paths is None else [p for p in paths if p in by_path]
         missing = [p for p in wanted if p not in self._payloads]
         if missing:
-            keys = {TagCache.key(by_path[p].content_id, by_path[p].lang): p for p in missing}
+            keys = {_key(by_path[p]): p for p in missing}
             for key, payload in self.cache.payloads(keys).items():
                 self._payloads[keys[key]] = payload
+            unparsed = [by_path[p] for p in missing if p not in self._payloads]
+            if unparsed:
+                self._parse_now(unparsed)
         return {p: self._payloads[p] for p in wanted if p in self._payloads}
+
+    def _parse_now(self, files: list[SourceFile]) -> None:
+        by_key: dict[str, list[SourceFile]] = {}
+        for f in files:
+            by_key.setdefault(_key(f), []).append(f)
+        todo = [group[0] for group in by_key.values()]
+        parsed, _ = _parse(self.root, todo, default_workers(), None, scan_lexical=False)
+        self.cache.put_many((_key(f), parsed[f.path]) for f in todo)
+        for f in todo:
+            payload = Payload._make(marshal.loads(parsed[f.path]))
+            for same in by_key[_key(f)]:
+                self._payloads[same.path] = payload
+
+    def slims(self, keys: set[str]) -> dict[str, Slim]:
+        """Graph inputs by cache key: from memory or the cache, else made now for this
+        index's files with those keys (and cached); keys of other contents are only looked
+        up in the cache."""
+        found = {k: self._slims[k] for k in keys if k in self._slims}
+        if len(found) < len(keys):
+            found.update(self.cache.slims(keys - found.keys()))
+        if len(found) < len(keys):
+            first: dict[str, SourceFile] = {}
+            for f in self.files:
+                k = _key(f)
+                if k in keys and k not in found:
+                    first.setdefault(k, f)
+            fresh: dict[str, Slim] = {}
+            scan_now = [f for f in first.values() if f.lang == lexical.LANG]
+            for f in scan_now:
+                fresh[_key(f)] = _scan_file(str(self.root / f.path))
+            from_tags = [f.path for f in first.values() if f.lang != lexical.LANG]
+            for path, payload in self.payloads(from_tags).items():
+                fresh[_key(self._by_path()[path])] = slim(payload)
+            if fresh:
+                self.cache.put_slims((k, _stored(v)) for k, v in sorted(fresh.items()))
+                self._slims.update(fresh)
+                found.update(fresh)
+        return found
 
     def _by_path(self) -> dict[str, SourceFile]:
         if len(self._files_by_path) != len(self.files):
@@ -218,13 +272,37 @@ def scan(root: Path, stats: IndexStats | None = None) -> tuple[list[SourceFile],
     return kept, skipped
 
 
-def _stored(payload: Payload) -> bytes:
-    """A payload as the tag cache stores it (marshal takes plain tuples only)."""
-    return marshal.dumps(tuple(payload))
+def _key(f: SourceFile) -> str:
+    return TagCache.key(f.content_id, f.lang)
 
 
-def _parse_chunk(root: str, chunk: list[tuple[str, str]]) -> list[tuple[str, bytes]]:
-    return [(rel, _stored(extract_file(os.path.join(root, rel), lang))) for rel, lang in chunk]
+def _stored(value: Payload | Slim) -> bytes:
+    """A payload or slim as the tag cache stores it (marshal takes plain tuples only)."""
+    return marshal.dumps(tuple(value))
+
+
+def _scan_file(path: str) -> Slim:
+    """A Python file's graph inputs; an unreadable file has none, and says why."""
+    try:
+        with open(path, "rb") as fh:
+            return lexical.scan(fh.read())
+    except OSError as exc:
+        return slim(Payload.empty(lexical.LANG, f"unreadable: {exc.strerror or exc}"))
+
+
+def _read(root: str, rel: str, lang: str, scan_lexical: bool) -> bytes:
+    """One file's stored graph input (a Slim, for a Python file when ``scan_lexical``) or
+    tags (a Payload)."""
+    path = os.path.join(root, rel)
+    if scan_lexical and lang == lexical.LANG:
+        return _stored(_scan_file(path))
+    return _stored(extract_file(path, lang))
+
+
+def _read_chunk(
+    root: str, scan_lexical: bool, chunk: list[tuple[str, str]]
+) -> list[tuple[str, bytes]]:
+    return [(rel, _read(root, rel, lang, scan_lexical)) for rel, lang in chunk]
 
 
 def default_workers() -> int:
@@ -240,8 +318,11 @@ def _parse(
     todo: list[SourceFile],
     workers: int,
     progress: Progress | None,
+    *,
+    scan_lexical: bool,
 ) -> tuple[dict[str, bytes], int]:
-    """Parse ``todo``; returns marshalled payloads by path and the worker count used."""
+    """Read ``todo``: marshalled payloads by path (slims for Python files when
+    ``scan_lexical``), and the worker count used."""
     out: dict[str, bytes] = {}
     ctags_files = [(f.path, f.lang) for f in todo if f.lang.startswith("ctags:")]
     ts_files = [f for f in todo if not f.lang.startswith("ctags:")]
@@ -258,7 +339,7 @@ def _parse(
     done = 0
     if workers <= 1 or total < _PARALLEL_MIN:
         for f in ts_files:
-            out[f.path] = _stored(extract_file(str(root / f.path), f.lang))
+            out[f.path] = _read(str(root), f.path, f.lang, scan_lexical)
             done += 1
             if progress and done % 16 == 0:
                 progress(done, total)
@@ -279,7 +360,8 @@ def _parse(
 
     context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        for result in pool.map(_parse_chunk, [str(root)] * n_chunks, chunks):
+        jobs = pool.map(_read_chunk, [str(root)] * n_chunks, [scan_lexical] * n_chunks, chunks)
+        for result in jobs:
             out.update(result)
             done += len(result)
             if progress:
@@ -315,26 +397,35 @@ def build_index(
     index = RepoIndex(root_path, files, cache, fingerprint(files), skipped, stats)
     graph_known = cache.has_graph(str(root_path.resolve()), index.fingerprint)
     if graph_known:
-        # The graph for exactly these contents exists, so every payload was cached.
+        # The graph for exactly these contents exists, so every graph input was cached.
         stats.cached = len(files)
         return index
     by_key: dict[str, list[SourceFile]] = {}
     for f in files:
-        by_key.setdefault(TagCache.key(f.content_id, f.lang), []).append(f)
-    cached = cache.existing(by_key)
-    # Identical contents (empty __init__.py files...) are parsed once.
+        by_key.setdefault(_key(f), []).append(f)
+    scanned = {k for k, group in by_key.items() if group[0].lang == lexical.LANG}
+    cached = cache.existing(k for k in by_key if k not in scanned) | cache.existing_slims(scanned)
+    # Identical contents (empty __init__.py files...) are read once.
     todo = [group[0] for k, group in by_key.items() if k not in cached]
-    stats.cached = len(files) - sum(len(by_key[TagCache.key(f.content_id, f.lang)]) for f in todo)
-    # cached payloads stay on disk until someone asks (RepoIndex.payloads)
+    stats.cached = len(files) - sum(len(by_key[_key(f)]) for f in todo)
+    # cached inputs stay on disk until someone asks (RepoIndex.slims, RepoIndex.payloads)
     if todo:
         t1 = time.perf_counter()
-        parsed, used = _parse(root_path, todo, workers or default_workers(), progress)
-        stats.parsed = len(parsed)
+        read, used = _parse(
+            root_path, todo, workers or default_workers(), progress, scan_lexical=True
+        )
+        stats.parsed = len(read)
         stats.workers = used
-        cache.put_many((TagCache.key(f.content_id, f.lang), parsed[f.path]) for f in todo)
+        tags = [(_key(f), read[f.path]) for f in todo if _key(f) not in scanned]
+        cache.put_many(tags)
+        cache.put_slims((_key(f), read[f.path]) for f in todo if _key(f) in scanned)
         for f in todo:
-            payload = Payload._make(marshal.loads(parsed[f.path]))
-            for same in by_key[TagCache.key(f.content_id, f.lang)]:
+            value = marshal.loads(read[f.path])
+            if _key(f) in scanned:
+                index._slims[_key(f)] = Slim._make(value)
+                continue
+            payload = Payload._make(value)
+            for same in by_key[_key(f)]:
                 index._payloads[same.path] = payload
         stats.parse_ms = (time.perf_counter() - t1) * 1000
     return index

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from hybrid.context.cache import TagCache
-from hybrid.context.graph import Graph, Slim, build_graph, patch_graph, slim
+from hybrid.context.graph import Graph, build_graph, patch_graph
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.index import Progress, RepoIndex, build_index
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from hybrid.context.symbols import SymbolHit
 
 _MAX_SIGNATURES_PER_FILE = 12
+# Files whose tags are read (parsed, if not cached yet) at once while rendering: about what
+# a 2,000-token map shows, since a file parsed and not shown is wasted.
+_PREFETCH = 16
 _WIDTH = 100
 
 
@@ -73,19 +76,9 @@ def load_graph(
         _remember(key, index.fingerprint, loaded)
         return loaded
     # Rebuild from per-file graph inputs stored by content key: only files never seen
-    # before need their (larger) payloads read.
+    # before are read.
     keys = {f.path: TagCache.key(f.content_id, f.lang) for f in index.files}
-
-    def slims(wanted: set[str]) -> dict[str, Slim]:
-        found = cache.slims(wanted)
-        missing = [p for p, k in keys.items() if k in wanted and k not in found]
-        fresh = {}
-        for path, payload in index.payloads(missing).items():
-            fresh[keys[path]] = found[keys[path]] = slim(payload)
-        if fresh:
-            cache.put_slims(sorted(fresh.items()))
-        return found
-
+    slims = index.slims
     graph: Graph | None = None
     if recent is not None and recent[0] == key:
         # The graph this process last saw of the repository (maybe older than the stored
@@ -198,8 +191,8 @@ def render_map(
             break
         lines: list[tuple[int, str]] = []
         if left > 24:  # room for signatures: read this file's tags (batched, as far as needed)
-            if k % 40 == 0 or path not in loaded:
-                batch = [paths[j] for j in ranking.order[k : k + 40]]
+            if k % _PREFETCH == 0 or path not in loaded:
+                batch = [paths[j] for j in ranking.order[k : k + _PREFETCH]]
                 index.payloads(batch)
                 loaded.update(batch)
             lines = _symbol_lines(
