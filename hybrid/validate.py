@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
 from hybrid.errors import (
@@ -572,10 +573,20 @@ def _export(repo: Path, rev: str, into: Path) -> None:
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
-    _version_file(into)
+    # The export has no .git: the release it is at (its latest tag) goes in the PKG-INFO an
+    # sdist of it would carry, where dependency detection reads it.
+    tag = _git(repo, "describe", "--tags", "--abbrev=0", rev, check=False).strip()
+    version = re.sub(r"^\D+", "", tag)  # v1.2, release-1.2
+    try:
+        Version(version)
+    except InvalidVersion:
+        version = ""
+    if version and not (into / "PKG-INFO").exists():
+        (into / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nVersion: {version}\n")
+    _version_file(into, version or "0.0.0")
 
 
-def _version_file(checkout: Path) -> None:
+def _version_file(checkout: Path, version: str) -> None:
     # hatch-vcs and setuptools-scm write a version module at build time; the project is not
     # built (it is put on sys.path as it is), so write what they would.
     with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
@@ -592,9 +603,10 @@ def _version_file(checkout: Path) -> None:
                 target = (checkout / rel).resolve()
                 if target.is_relative_to(checkout.resolve()) and not target.exists():
                     target.parent.mkdir(parents=True, exist_ok=True)
+                    parts = tuple(int(p) if p.isdigit() else p for p in version.split("."))
                     target.write_text(
-                        '__version__ = version = "0.0.0"\n'
-                        "__version_tuple__ = version_tuple = (0, 0, 0)\n"
+                        f"__version__ = version = {version!r}\n"
+                        f"__version_tuple__ = version_tuple = {parts!r}\n"
                     )
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import configparser
+import contextlib
 import hashlib
 import re
+import subprocess
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement
 from packaging.requirements import Requirement as Req
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from hybrid.deps.models import Declared, Requirement
 from hybrid.errors import InvalidDeclaration, InvalidInput
@@ -64,6 +67,7 @@ class _Reader:
         self.self_extras: set[str] = set()
         self.wanted: list[tuple[str, str]] = []  # (spec, source) from test declarations
         self.read: dict[str, bytes] = {}
+        self.versions: list[str] = []  # the project's own version, as its files state it
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -76,6 +80,28 @@ class _Reader:
         data = path.read_bytes()
         self.read[rel] = data
         return data.decode("utf-8", errors="replace")
+
+    def _version(self) -> str | None:
+        """The release the checkout is at: a version its files state, else an sdist's PKG-INFO,
+        else its latest git tag (setuptools-scm and hatch-vcs projects)."""
+        stated = list(self.versions)
+        text = self._load(self.repo / "PKG-INFO") or ""
+        stated += [line[8:].strip() for line in text.splitlines() if line.startswith("Version:")]
+        if (self.repo / ".git").exists():
+            with contextlib.suppress(OSError):  # no git here: no tag to read
+                tag = subprocess.run(
+                    ["git", "-C", str(self.repo), "describe", "--tags", "--abbrev=0"],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                ).stdout.strip()
+                stated.append(re.sub(r"^\D+", "", tag))  # v1.2, release-1.2
+        for version in stated:
+            # The release itself: what a dependent's specifier matches (1.4.0.dev3 and
+            # 1.4.0+local are not, as pre and local releases).
+            with contextlib.suppress(InvalidVersion, TypeError):
+                return Version(version).base_version
+        return None
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self.repo).as_posix()
@@ -94,6 +120,7 @@ class _Reader:
         name = project.get("name") or poetry.get("name")
         if isinstance(name, str):
             self.declared.project = canonicalize_name(name)
+        self.versions += [v for v in (project.get("version"), poetry.get("version")) if v]
         for spec in _strings(project.get("dependencies")):
             self.own.append((spec, "pyproject.toml"))
         for extra, specs in (project.get("optional-dependencies") or {}).items():
@@ -136,6 +163,8 @@ class _Reader:
             raise InvalidDeclaration(f"{display(self.repo / 'setup.cfg')}: {exc}") from None
         if parser.has_option("metadata", "name") and not self.declared.project:
             self.declared.project = canonicalize_name(parser.get("metadata", "name"))
+        if parser.has_option("metadata", "version"):
+            self.versions.append(parser.get("metadata", "version"))
         if parser.has_option("options", "install_requires"):
             self.own += [
                 (s, "setup.cfg") for s in _lines(parser.get("options", "install_requires"))
@@ -361,11 +390,13 @@ class _Reader:
         if project:
             src = self.repo / "src"
             declared.paths = ["src"] if src.is_dir() and any(src.glob("*/__init__.py")) else ["."]
+            declared.version = self._version()
         declared.sources = sorted(self.read)
         digest = hashlib.sha256()
         for rel in sorted(self.read):
             digest.update(rel.encode() + b"\0" + hashlib.sha256(self.read[rel]).digest())
         digest.update(",".join(self.groups).encode())
+        digest.update((declared.version or "").encode())
         declared.inputs = digest.hexdigest()
         return declared
 

@@ -36,28 +36,31 @@ LABEL_IMAGE = "hybrid.deps.image"
 PREFIX = "/opt/hybrid"
 VENV = f"{PREFIX}/venv"
 NODE = f"{PREFIX}/node"
-_FORMAT = "4"  # bump when the install script changes what a layer holds
+_FORMAT = "5"  # bump when the install script changes what a layer holds
 _STAGE = "/hybrid-deps"
 
 _SCRIPT = r"""set -eu
 export HOME=/tmp PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=
 if [ -s {stage}/python.txt ]; then
   # The image's own pip, through --system-site-packages: no network, no second copy of pip.
+  # The host resolved the whole set (python.txt pins every artifact), so --no-deps, as
+  # pip-sync does: the project itself is not in it, while what needs it is.
   python3 -m venv --without-pip --system-site-packages {venv}
   {venv}/bin/python -m pip install --no-index --find-links {stage}/python --ignore-installed \
-    --no-warn-script-location -r {stage}/python.txt
+    --no-deps --no-warn-script-location -r {stage}/python.txt
   site=$({venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   for p in $(cat {stage}/paths.txt); do echo "$p" >> "$site/_hybrid_project.pth"; done
-  # The project runs from the workspace uninstalled; its own metadata (name, a placeholder
-  # version) lets importlib.metadata.version(project) answer as it would when installed.
+  # The project runs from the workspace uninstalled; its own metadata (name, its release or a
+  # placeholder) lets importlib.metadata.version(project) answer as it would when installed.
   if [ -s {stage}/project.txt ]; then
-    name=$(cat {stage}/project.txt)
+    read -r name version < {stage}/project.txt
+    version=${{version:-0+unknown}}
     # A dependency can need the project itself (hypothesis needs attrs; pytest needs packaging
     # and pluggy): its released copy in the venv would shadow the checkout being tested.
     {venv}/bin/python -m pip uninstall -y -q "$name" >/dev/null 2>&1 || true
-    info="$site/$(echo "$name" | tr - _)-0+unknown.dist-info"
+    info="$site/$(echo "$name" | tr - _)-$version.dist-info"
     mkdir -p "$info"
-    printf 'Metadata-Version: 2.1\nName: %s\nVersion: 0+unknown\n' "$name" > "$info/METADATA"
+    printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' "$name" "$version" > "$info/METADATA"
     echo hybrid > "$info/INSTALLER"
     : > "$info/RECORD"
   fi
@@ -266,7 +269,9 @@ def _stage(manifest: Manifest, staging: Path) -> None:
         "".join(f"{a.name}@{a.version}\n" for a in node) if project else ""
     )
     (staging / "project.txt").write_text(
-        manifest.project if manifest.project and manifest.paths else ""
+        f"{manifest.project} {manifest.version or ''}\n"
+        if manifest.project and manifest.paths
+        else ""
     )
     (staging / "paths.txt").write_text(
         "".join(

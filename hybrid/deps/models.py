@@ -48,6 +48,11 @@ class Declared(BaseModel):
         default_factory=list,
         description="Project source directories (relative) put on sys.path instead of installing it.",
     )
+    version: str | None = Field(
+        None,
+        description="The release the checkout is at (its declared version, PKG-INFO, or its "
+        "latest git tag): test tools resolve as if it were installed at that version.",
+    )
     sources: list[str] = Field(default_factory=list, description="Every file that was read.")
     inputs: str = Field("", description="sha256 of every input read: a changed file changes it.")
 
@@ -74,6 +79,7 @@ class Manifest(BaseModel):
     requirements: list[Requirement] = Field(default_factory=list)
     node_lockfile: str | None = Field(None, description="Relative path of the Node lockfile.")
     paths: list[str] = Field(default_factory=list)
+    version: str | None = Field(None, description="The project's release (Declared.version).")
     inputs: str = ""
 
     @property
@@ -88,6 +94,7 @@ class Manifest(BaseModel):
                 (a.ecosystem, a.name, a.version, a.filename, a.sha256) for a in self.artifacts
             ),
             "paths": self.paths,
+            "version": self.version,
             "node": self.node_lockfile,
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -35,7 +35,7 @@ from hybrid.deps.models import Artifact, Declared, Manifest, Target
 from hybrid.errors import DependencyError, PolicyViolation
 from hybrid.paths import cache_dir
 
-_FORMAT = "1"  # bump when what a lock records changes
+_FORMAT = "2"  # bump when what a lock records changes
 _OLDEST_GLIBC_MINOR = 5  # manylinux1
 
 
@@ -62,6 +62,7 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
         requirements=declared.python,
         node_lockfile=declared.node,
         paths=declared.paths,
+        version=declared.version,
         inputs=declared.inputs,
     )
     tmp = saved.with_suffix(".tmp")
@@ -82,6 +83,7 @@ def _key(declared: Declared, target: Target) -> str:
         "node": declared.node and declared.inputs,
         "paths": declared.paths,
         "project": declared.project,
+        "version": declared.version,  # what a test tool needing the project resolves against
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -147,16 +149,33 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
         stubs.mkdir()
         sources: dict[str, sdist.Source] = {}
         extra: list[str] = []
+        own = None
+        if declared.project and declared.version:
+            # The project as installed at its own release, as `pip install -e .` would have it:
+            # a test tool that needs it (pytest needs pluggy) resolves to a version that works
+            # with this checkout, not today's release that needs a newer one. It never enters.
+            own = sdist.stand_in(stubs, declared.project, declared.version)
+            extra.append(f"{declared.project}=={declared.version}")
         while True:
-            if extra:
-                (Path(work) / "requirements.txt").write_text("\n".join([*specs, *extra]) + "\n")
+            (Path(work) / "requirements.txt").write_text("\n".join([*specs, *extra]) + "\n")
             links = [f"--find-links={link}" for link in [*_find_links(), str(stubs)]]
             done = subprocess.run(
-                [*command, *(links if sources else [])], capture_output=True, text=True, check=False
+                [*command, *(links if any(stubs.iterdir()) else [])],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if done.returncode == 0:
                 break
             wanted = sdist.missing(done.stderr)
+            if wanted is None and own is not None:
+                # Nothing resolves around the project at that release (a version its files
+                # state ahead of what was published): resolve as if it were not installed.
+                extra.remove(f"{declared.project}=={declared.version}")
+                own.unlink()
+                (out / own.name).unlink(missing_ok=True)
+                own = None
+                continue
             if wanted is None or canonicalize_name(_req_name(wanted)) in sources:
                 raise DependencyError(
                     f"pip could not resolve the project's dependencies: {_why(done.stderr)}"

@@ -126,18 +126,30 @@ class Source:
 
     def stand_in(self, directory: Path) -> Path:
         """A metadata-only wheel carrying this package's name, version and requirements."""
-        dist = f"{self.name.replace('-', '_')}-{self.version}"
-        path = directory / f"{dist}-py3-none-any.whl"
-        lines = ["Metadata-Version: 2.1", f"Name: {self.name}", f"Version: {self.version}"]
-        if self.requires_python:
-            lines.append(f"Requires-Python: {self.requires_python}")
-        lines += [f"Requires-Dist: {r}" for r in self.requires]
-        wheel = "Wheel-Version: 1.0\nGenerator: hybrid\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        with zipfile.ZipFile(path, "w") as archive:
-            archive.writestr(f"{dist}.dist-info/METADATA", "\n".join(lines) + "\n")
-            archive.writestr(f"{dist}.dist-info/WHEEL", wheel)
-            archive.writestr(f"{dist}.dist-info/RECORD", "")
-        return path
+        return stand_in(directory, self.name, self.version, self.requires, self.requires_python)
+
+
+def stand_in(
+    directory: Path,
+    name: str,
+    version: str,
+    requires: list[str] | None = None,
+    requires_python: str | None = None,
+) -> Path:
+    """A metadata-only wheel of ``name`` ``version`` in ``directory``: pip resolves around it
+    (its requirements, and what other packages require of it) and it never enters."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = directory / f"{dist}-py3-none-any.whl"
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    if requires_python:
+        lines.append(f"Requires-Python: {requires_python}")
+    lines += [f"Requires-Dist: {r}" for r in requires or []]
+    wheel = "Wheel-Version: 1.0\nGenerator: hybrid\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{dist}.dist-info/METADATA", "\n".join(lines) + "\n")
+        archive.writestr(f"{dist}.dist-info/WHEEL", wheel)
+        archive.writestr(f"{dist}.dist-info/RECORD", "")
+    return path
 
 
 def _requires_txt(text: str) -> list[str]:

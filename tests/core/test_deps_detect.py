@@ -123,3 +123,30 @@ def test_a_package_locked_per_python_range_is_left_to_pip(tmp_path: Path) -> Non
     assert declared.locked == {"idna": "3.7"}
     assert set(declared.hashes) == {"sphinx==8.1.3", "sphinx==9.1.0", "idna==3.7"}
     assert {r.spec: r.pinned for r in declared.python} == {"sphinx": False, "idna": True}
+
+
+def test_the_release_a_checkout_is_at(tmp_path: Path) -> None:
+    """Stated in its files first, then an sdist's PKG-INFO, then its latest git tag; a pre or
+    local release counts as its release, and nothing readable is None."""
+    import subprocess
+
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text('[project]\nname = "proj"\nversion = "2.1.0.dev3"\n')
+    assert detect(repo).version == "2.1.0"
+    (repo / "pyproject.toml").write_text('[project]\nname = "proj"\ndynamic = ["version"]\n')
+    assert detect(repo).version is None
+    (repo / "setup.cfg").write_text("[metadata]\nversion = attr: proj.__version__\n")
+    assert detect(repo).version is None
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "tag", "v1.4.2"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "two"], check=True)
+    first = detect(repo)
+    assert first.version == "1.4.2"
+    (repo / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: proj\nVersion: 1.5.0+local\n")
+    second = detect(repo)
+    assert second.version == "1.5.0"
+    assert second.inputs != first.inputs  # a new release resolves again

@@ -6,9 +6,13 @@ the workspace, answers importlib.metadata like an installed one."""
 from __future__ import annotations
 
 import contextlib
+import zipfile
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from hybrid import deps
+from hybrid.deps import store
 from hybrid.policy import SandboxSpec
 from hybrid.workstation.base import Backend
 from hybrid.workstation.docker import client
@@ -54,7 +58,7 @@ def test_sdist_only_package_is_built_inside(engine, tmp_path: Path) -> None:
         "import docopt, demo_proj, importlib.metadata as m; "
         "print(docopt.__version__, demo_proj.VALUE, m.version('demo-proj'))"
     )
-    assert _probe(engine, repo, probe) == ["0.6.2", "42", "0+unknown"]
+    assert _probe(engine, repo, probe) == ["0.6.2", "42", "1.0"]
 
 
 def test_a_dependency_that_needs_the_project_does_not_shadow_the_checkout(
@@ -74,4 +78,36 @@ def test_a_dependency_that_needs_the_project_does_not_shadow_the_checkout(
         "import six, dateutil, importlib.metadata as m; "
         "print(six.__file__, six.FROM_CHECKOUT, m.version('six'))"
     )
-    assert _probe(engine, repo, probe) == ["/workspace/src/six/__init__.py", "True", "0+unknown"]
+    assert _probe(engine, repo, probe) == ["/workspace/src/six/__init__.py", "True", "0.1"]
+
+
+def test_a_test_tool_that_needs_the_project_resolves_against_its_release(
+    engine, tmp_path: Path
+) -> None:
+    # pytest needs pluggy, and today's pytest needs a newer pluggy than a checkout of 1.3.0:
+    # resolved as `pip install -e .` would, the checkout gets a pytest that works with it.
+    repo = tmp_path / "pluggy"
+    (repo / "src" / "pluggy").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text(
+        '[project]\nname = "pluggy"\ndynamic = ["version"]\n'
+        '[project.optional-dependencies]\ntesting = ["pytest"]\n'
+    )
+    (repo / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: pluggy\nVersion: 1.3.0\n")
+    (repo / "src" / "pluggy" / "__init__.py").write_text("FROM_CHECKOUT = True\n")
+    manifest = deps.plan(repo)
+    assert manifest.version == "1.3.0"
+    found = {a.name: a for a in manifest.artifacts}
+    assert "pluggy" not in found  # the stand-in never enters
+    with zipfile.ZipFile(store.path_of(found["pytest"].sha256)) as wheel:
+        metadata = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        needs = [
+            Requirement(line.split(":", 1)[1])
+            for line in wheel.read(metadata).decode().splitlines()
+            if line.startswith("Requires-Dist: pluggy")
+        ]
+    assert needs and needs[0].specifier.contains("1.3.0"), (found["pytest"].version, needs)
+    probe = (
+        "import pluggy, importlib.metadata as m; "
+        "print(pluggy.FROM_CHECKOUT, m.version('pluggy'), m.version('pytest'))"
+    )
+    assert _probe(engine, repo, probe) == ["True", "1.3.0", found["pytest"].version]
