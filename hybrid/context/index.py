@@ -84,7 +84,7 @@ class RepoIndex:
     stats: IndexStats = field(default_factory=IndexStats)
     _payloads: dict[str, Payload] = field(default_factory=dict)
     _slims: dict[str, Slim] = field(default_factory=dict)
-    """Graph inputs made by this process, by cache key."""
+    """Graph inputs scanned by ``build_index``, by cache key, until ``slims`` hands them over."""
     _files_by_path: dict[str, SourceFile] = field(default_factory=dict)
 
     def payloads(self, paths: list[str] | None = None) -> dict[str, Payload]:
@@ -118,7 +118,9 @@ class RepoIndex:
         """Graph inputs by cache key: from memory or the cache, else made now for this
         index's files with those keys (and cached); keys of other contents are only looked
         up in the cache."""
-        found = {k: self._slims[k] for k in keys if k in self._slims}
+        # Handed over once (the graph holds what it needs of them; a later ask reads the
+        # cache): a large checkout's references would otherwise stay in memory twice.
+        found = {k: self._slims.pop(k) for k in keys if k in self._slims}
         if len(found) < len(keys):
             found.update(self.cache.slims(keys - found.keys()))
         if len(found) < len(keys):
@@ -136,7 +138,6 @@ class RepoIndex:
                 fresh[_key(self._by_path()[path])] = slim(payload)
             if fresh:
                 self.cache.put_slims((k, _stored(v)) for k, v in sorted(fresh.items()))
-                self._slims.update(fresh)
                 found.update(fresh)
         return found
 
