@@ -193,6 +193,7 @@ class _Linker:
         self.definers = definers
         self.by_name = by_name if by_name is not None else _by_bare_name(symbols)
         self._weights: dict[str, float] = {}
+        self._files: dict[str, tuple[frozenset[int], dict[int, list[int]]]] = {}
 
     def own(self, keys: list[str]) -> dict[str, list[int]]:
         """Symbol ids of one file's ``keys`` (sorted), grouped by their bare name."""
@@ -201,16 +202,24 @@ class _Linker:
             out.setdefault(bare(key), []).append(bisect_left(self.symbols, key))
         return out
 
+    def files_of(self, name: str) -> tuple[frozenset[int], dict[int, list[int]]]:
+        """The files that define ``name`` (under any qualified name), and by each of them the
+        ids of its definitions of it (ascending)."""
+        got = self._files.get(name)
+        if got is None:
+            by_file: dict[int, list[int]] = {}
+            for j in self.by_name[name]:
+                for i in self.definers[j]:
+                    by_file.setdefault(i, []).append(j)
+            got = self._files[name] = (frozenset(by_file), by_file)
+        return got
+
     def weight(self, name: str) -> float:
         """``_ref_weight`` of a name, by the number of files that define it."""
         w = self._weights.get(name)
         if w is None:
             ids = self.by_name[name]
-            n_files = (
-                len(self.definers[ids[0]])
-                if len(ids) == 1
-                else len({i for j in ids for i in self.definers[j]})
-            )
+            n_files = len(self.definers[ids[0]]) if len(ids) == 1 else len(self.files_of(name)[0])
             w = self._weights[name] = _ref_weight(name, n_files)
         return w
 
@@ -224,11 +233,12 @@ class _Linker:
         qualified names: to none, see ``MAX_FANOUT``)."""
         dst: list[int] = []
         weight: list[float] = []
+        by_name, weights, n = self.by_name, self._weights, self.n
         mine: dict[str, list[int]] | None = None  # name -> this file's keys, on first need
         near: set[int] | None = None  # the files it imports, on first need
         # dict order is the parse order: deterministic
         for name, count in refs.items():
-            ids = self.by_name.get(name)
+            ids = by_name.get(name)
             if not ids:
                 continue
             if len(ids) > 1:
@@ -237,14 +247,27 @@ class _Linker:
                 local = mine.get(name)
                 if local is None:
                     # The definitions of the name in the files this one imports: checked from
-                    # the name's side, so a file importing half the repository costs no more.
+                    # the name's side, so a file importing half the repository costs no more;
+                    # most names are defined in none of them, told by one set test.
                     if near is None:
                         near = set(imported)
-                    local = [j for j in ids if not near.isdisjoint(self.definers[j])]
+                    files, by_file = self.files_of(name)
+                    shared = near & files
+                    if not shared:
+                        local = []
+                    elif len(shared) == 1:
+                        local = by_file[shared.pop()]
+                    else:  # ascending ids, each once (a symbol may be defined in two of them)
+                        local = sorted({j for f in shared for j in by_file[f]})
                 ids = local or (ids if len(ids) <= MAX_FANOUT else [])
-            w = math.sqrt(count) * self.weight(name) / max(1, len(ids))
+                if not ids:
+                    continue
+            w = weights.get(name)
+            if w is None:
+                w = self.weight(name)
+            w = math.sqrt(count) * w / len(ids)
             for j in ids:
-                dst.append(self.n + j)
+                dst.append(n + j)
                 weight.append(w)
         for t in imported:
             dst.append(t)
