@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     from hybrid.context.symbols import SymbolHit
 
 _MAX_SIGNATURES_PER_FILE = 12
-# Files whose tags are read (parsed, if not cached yet) at once while rendering: about what
-# a 2,000-token map shows, since a file parsed and not shown is wasted.
+# Files whose tags are read (parsed, if not cached yet) at once while rendering: about as
+# many as the budget left can show (an entry with its signatures takes ~120 tokens), at most
+# 16, since a file parsed and not shown is wasted.
 _PREFETCH = 16
+_ENTRY_TOKENS = 120
 _WIDTH = 100
 
 
@@ -191,8 +193,9 @@ def render_map(
             break
         lines: list[tuple[int, str]] = []
         if left > 24:  # room for signatures: read this file's tags (batched, as far as needed)
-            if k % _PREFETCH == 0 or path not in loaded:
-                batch = [paths[j] for j in ranking.order[k : k + _PREFETCH]]
+            if path not in loaded:
+                ahead = max(1, min(_PREFETCH, left // _ENTRY_TOKENS))
+                batch = [paths[j] for j in ranking.order[k : k + ahead]]
                 index.payloads(batch)
                 loaded.update(batch)
             lines = _symbol_lines(
