@@ -111,14 +111,31 @@ def test_plain_directory_without_git(shop_repo: Path, tmp_path: Path) -> None:
 
 
 def test_parallel_cold_parse_matches_serial(tmp_path: Path, git: Any, write: Any) -> None:
+    # enough bytes to be worth a pool (1.2 MB to scan, their tags parsed in a pool too)
+    pad = "# " + "padding " * 1250 + "\n"
     files = {
-        f"pkg/mod{i}.py": f"def func_{i}(x):\n    return helper_{i % 7}(x)\n" for i in range(120)
+        f"pkg/mod{i}.py": f"{pad}def func_{i}(x):\n    return helper_{i % 7}(x)\n"
+        for i in range(120)
     }
     write(tmp_path / "repo", files)
     parallel = build_index(tmp_path / "repo", cache=TagCache(tmp_path / "a.sqlite"), workers=2)
     serial = build_index(tmp_path / "repo", cache=TagCache(tmp_path / "b.sqlite"), workers=1)
     assert parallel.stats.workers == 2 and serial.stats.workers == 1
+    assert parallel.slims(set(parallel.cache.existing_slims(_keys(parallel)))) == serial.slims(
+        set(serial.cache.existing_slims(_keys(serial)))
+    )
     assert parallel.payloads() == serial.payloads()
+
+
+def test_a_small_tree_is_read_without_a_pool(tmp_path: Path, git: Any, write: Any) -> None:
+    files = {f"pkg/mod{i}.py": f"def func_{i}(x):\n    return x\n" for i in range(120)}
+    write(tmp_path / "repo", files)
+    index = build_index(tmp_path / "repo", workers=2)
+    assert index.stats.parsed == 120 and index.stats.workers == 1  # forking costs more
+
+
+def _keys(index: Any) -> list[str]:
+    return [TagCache.key(f.content_id, f.lang) for f in index.files]
 
 
 def test_files_without_symbols_are_reported(tmp_path: Path, git: Any, write: Any) -> None:
