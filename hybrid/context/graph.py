@@ -195,13 +195,6 @@ class _Linker:
         self._weights: dict[str, float] = {}
         self._files: dict[str, tuple[frozenset[int], dict[int, list[int]]]] = {}
 
-    def own(self, keys: list[str]) -> dict[str, list[int]]:
-        """Symbol ids of one file's ``keys`` (sorted), grouped by their bare name."""
-        out: dict[str, list[int]] = {}
-        for key in keys:
-            out.setdefault(bare(key), []).append(bisect_left(self.symbols, key))
-        return out
-
     def files_of(self, name: str) -> tuple[frozenset[int], dict[int, list[int]]]:
         """The files that define ``name`` (under any qualified name), and by each of them the
         ids of its definitions of it (ascending)."""
@@ -224,7 +217,7 @@ class _Linker:
         return w
 
     def edges(
-        self, i: int, own: list[str], refs: dict[str, int], imported: list[int]
+        self, i: int, refs: dict[str, int], imported: list[int]
     ) -> tuple[list[int], list[float]]:
         """Targets and weights of file ``i``'s edges: its references, then its imports.
 
@@ -233,8 +226,7 @@ class _Linker:
         qualified names: to none, see ``MAX_FANOUT``)."""
         dst: list[int] = []
         weight: list[float] = []
-        by_name, weights, n = self.by_name, self._weights, self.n
-        mine: dict[str, list[int]] | None = None  # name -> this file's keys, on first need
+        by_name, weights, files_of, n = self.by_name, self._weights, self._files, self.n
         near: set[int] | None = None  # the files it imports, on first need
         # dict order is the parse order: deterministic
         for name, count in refs.items():
@@ -242,16 +234,14 @@ class _Linker:
             if not ids:
                 continue
             if len(ids) > 1:
-                if mine is None:
-                    mine = self.own(own)
-                local = mine.get(name)
+                got = files_of.get(name)
+                files, by_file = got if got is not None else self.files_of(name)
+                local = by_file.get(i)  # this file's own definitions of the name
                 if local is None:
                     # The definitions of the name in the files this one imports: checked from
-                    # the name's side, so a file importing half the repository costs no more;
-                    # most names are defined in none of them, told by one set test.
+                    # the name's side, so a file importing half the repository costs no more.
                     if near is None:
                         near = set(imported)
-                    files, by_file = self.files_of(name)
                     shared = near & files
                     if not shared:
                         local = []
@@ -319,8 +309,8 @@ def build_graph(files: dict[str, Slim], keys: dict[str, str] | None = None) -> G
     path_terms_of: list[list[str]] = []
     doc_len = array("d")
     for i, p in enumerate(paths):
-        _lang, own, refs, _specs, tf, _n, _err = files[p]
-        targets_i, weights_i = linker.edges(i, own, refs, imports[i])
+        _lang, _own, refs, _specs, tf, _n, _err = files[p]
+        targets_i, weights_i = linker.edges(i, refs, imports[i])
         src.extend([i] * len(targets_i))
         dst.extend(targets_i)
         weight.extend(weights_i)
@@ -401,7 +391,7 @@ def patch_graph(
     # patching from the last file back keeps the earlier slices where they are.
     for i in reversed(changed):
         after = got[keys[old.paths[i]]]
-        targets_i, weights_i = linker.edges(i, after.names, after.refs, old.imports[i])
+        targets_i, weights_i = linker.edges(i, after.refs, old.imports[i])
         lo, hi = bisect_left(src, i), bisect_left(src, i + 1)
         src[lo:hi] = array("i", [i] * len(targets_i))
         dst[lo:hi] = array("i", targets_i)
