@@ -43,6 +43,15 @@ def _probe(engine: Backend, repo: Path, code: str) -> list[str]:
             client().api.remove_image(layer, force=True)
 
 
+def _checkout(root: Path, name: str, pyproject: str) -> Path:
+    """A src-layout project ``name`` whose package says it is the checkout."""
+    repo = root / name
+    (repo / "src" / name).mkdir(parents=True)
+    (repo / "pyproject.toml").write_text(pyproject)
+    (repo / "src" / name / "__init__.py").write_text("FROM_CHECKOUT = True\n")
+    return repo
+
+
 def test_sdist_only_package_is_built_inside(engine, tmp_path: Path) -> None:
     repo = tmp_path / "demo"
     (repo / "src" / "demo_proj").mkdir(parents=True)
@@ -64,14 +73,13 @@ def test_sdist_only_package_is_built_inside(engine, tmp_path: Path) -> None:
 def test_a_dependency_that_needs_the_project_does_not_shadow_the_checkout(
     engine, tmp_path: Path
 ) -> None:
-    # python-dateutil needs six, so the resolution holds a released six; the tests must still
-    # import the checkout (as hypothesis needs attrs, and pytest needs packaging and pluggy).
-    repo = tmp_path / "six"
-    (repo / "src" / "six").mkdir(parents=True)
-    (repo / "pyproject.toml").write_text(
-        '[project]\nname = "six"\nversion = "0.1"\ndependencies = ["python-dateutil==2.9.0.post0"]\n'
+    # python-dateutil needs six>=1.5, which a checkout at 0.1 is not, so the resolution falls
+    # back to a released six; the tests must still import the checkout.
+    repo = _checkout(
+        tmp_path,
+        "six",
+        '[project]\nname = "six"\nversion = "0.1"\ndependencies = ["python-dateutil==2.9.0.post0"]\n',
     )
-    (repo / "src" / "six" / "__init__.py").write_text("FROM_CHECKOUT = True\n")
     manifest = deps.plan(repo)
     assert "six" in {a.name for a in manifest.artifacts}
     probe = (
@@ -86,14 +94,13 @@ def test_a_test_tool_that_needs_the_project_resolves_against_its_release(
 ) -> None:
     # pytest needs pluggy, and today's pytest needs a newer pluggy than a checkout of 1.3.0:
     # resolved as `pip install -e .` would, the checkout gets a pytest that works with it.
-    repo = tmp_path / "pluggy"
-    (repo / "src" / "pluggy").mkdir(parents=True)
-    (repo / "pyproject.toml").write_text(
+    repo = _checkout(
+        tmp_path,
+        "pluggy",
         '[project]\nname = "pluggy"\ndynamic = ["version"]\n'
-        '[project.optional-dependencies]\ntesting = ["pytest"]\n'
+        '[project.optional-dependencies]\ntesting = ["pytest"]\n',
     )
     (repo / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: pluggy\nVersion: 1.3.0\n")
-    (repo / "src" / "pluggy" / "__init__.py").write_text("FROM_CHECKOUT = True\n")
     manifest = deps.plan(repo)
     assert manifest.version == "1.3.0"
     found = {a.name: a for a in manifest.artifacts}

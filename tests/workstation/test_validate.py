@@ -14,7 +14,8 @@ import pytest
 from hybrid import validate as validate_module
 from hybrid.errors import InvalidInput
 from hybrid.policy import SandboxSpec
-from hybrid.validate import change_of, is_test, validate
+from hybrid.validate import Validation, change_of, is_test, validate
+from hybrid.workstation.base import Backend
 from hybrid.workstation.docker import LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, client
 from hybrid.workstation.docker.labels import _owner
 
@@ -95,24 +96,36 @@ def test_real_fix_commit_validates(engine, repo: Path) -> None:
     assert _workstations() == before
 
 
+def _validate_on_top(
+    engine: Backend, repo: Path, *, parent_tests: str = "", fix_tests: str = "\n# a comment\n"
+) -> Validation:
+    """Validate a commit on top of the fixture's that touches the source and appends
+    ``fix_tests`` to the test file, after one that appends ``parent_tests`` (when given); the
+    repository is put back afterwards."""
+    test = repo / "tests" / "test_filesize.py"
+    commits = 1
+    if parent_tests:
+        test.write_text(test.read_text() + parent_tests)
+        _git(repo, "commit", "-qam", "The parent's tests")
+        commits = 2
+    target = repo / "src" / "humanize" / "filesize.py"
+    target.write_text(target.read_text() + "\n# a comment\n")
+    test.write_text(test.read_text() + fix_tests)
+    _git(repo, "commit", "-qam", "Touch the source and the tests")
+    try:
+        return validate(repo, "HEAD", spec=_spec(), backend=engine)
+    finally:
+        _git(repo, "reset", "-q", "--hard", f"HEAD~{commits}")
+
+
 @pytest.mark.parametrize("broken", [False, True], ids=["all-pass", "one-fails-everywhere"])
 def test_a_commit_whose_tests_already_pass_does_not_validate(
     engine, repo: Path, broken: bool
 ) -> None:
     """A source change the tests never noticed: no FAIL_TO_PASS, so it must not validate; and
     it says so even when a test fails in every state (one that needs the network)."""
-    test = repo / "tests" / "test_filesize.py"
-    if broken:
-        test.write_text(test.read_text() + "\n\ndef test_needs_the_network():\n    assert False\n")
-        _git(repo, "commit", "-qam", "A test that fails here")
-    target = repo / "src" / "humanize" / "filesize.py"
-    target.write_text(target.read_text() + "\n# a comment\n")
-    test.write_text(test.read_text() + "\n# another comment\n")
-    _git(repo, "commit", "-qam", "Touch the source and the tests")
-    try:
-        result = validate(repo, "HEAD", spec=_spec(), backend=engine)
-    finally:
-        _git(repo, "reset", "-q", "--hard", "HEAD~2" if broken else "HEAD~1")
+    failing = "\n\ndef test_needs_the_network():\n    assert False\n"
+    result = _validate_on_top(engine, repo, parent_tests=failing if broken else "")
     assert not result.validated
     assert result.fail_to_pass == []
     assert result.failure == "other"
@@ -123,19 +136,11 @@ def test_test_ids_that_change_between_runs_are_not_flaky_or_fixed(engine, repo: 
     """A test parametrised by the time has a new id in every run (marshmallow's datetime
     cases): the commit's tests pass at its parent, which is what it must say; not that a
     second run disagreed, and not that the new ids went from failing to passing."""
-    test = repo / "tests" / "test_filesize.py"
-    target = repo / "src" / "humanize" / "filesize.py"
-    target.write_text(target.read_text() + "\n# a comment\n")
-    test.write_text(
-        test.read_text()
-        + "\n\nimport time\n\n\n@pytest.mark.parametrize('stamp', [time.time_ns()])\n"
-        + "def test_stamped(stamp):\n    assert stamp\n"
+    stamped = (
+        "\n\nimport time\n\n\n@pytest.mark.parametrize('stamp', [time.time_ns()])\n"
+        "def test_stamped(stamp):\n    assert stamp\n"
     )
-    _git(repo, "commit", "-qam", "Touch the source, add a test stamped with the time")
-    try:
-        result = validate(repo, "HEAD", spec=_spec(), backend=engine)
-    finally:
-        _git(repo, "reset", "-q", "--hard", "HEAD~1")
+    result = _validate_on_top(engine, repo, fix_tests=stamped)
     assert not result.validated
     assert result.fail_to_pass == []
     assert result.failure == "other", result.reason
@@ -145,17 +150,7 @@ def test_test_ids_that_change_between_runs_are_not_flaky_or_fixed(engine, repo: 
 def test_tests_that_never_run_do_not_read_as_passing(engine, repo: Path) -> None:
     """A test file that errors at collection in every state (a later pytest refusing an older
     project's tests) says so, instead of "the tests already pass"."""
-    test = repo / "tests" / "test_filesize.py"
-    test.write_text(test.read_text() + "\nraise RuntimeError('cannot collect')\n")
-    _git(repo, "commit", "-qam", "A test file that cannot be collected")
-    target = repo / "src" / "humanize" / "filesize.py"
-    target.write_text(target.read_text() + "\n# a comment\n")
-    test.write_text(test.read_text() + "\n# another comment\n")
-    _git(repo, "commit", "-qam", "Touch the source and the tests")
-    try:
-        result = validate(repo, "HEAD", spec=_spec(), backend=engine)
-    finally:
-        _git(repo, "reset", "-q", "--hard", "HEAD~2")
+    result = _validate_on_top(engine, repo, parent_tests="\nraise RuntimeError('cannot collect')\n")
     assert not result.validated
     assert result.failure == "other"
     assert result.reason.startswith("no test passes after the fix"), result.reason
