@@ -14,12 +14,14 @@ parsed with tree-sitter (their ``Slim`` comes from the tags). A Python file's fu
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import marshal
 import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -311,6 +313,23 @@ def _read_chunk(
     root: str, scan_lexical: bool, chunk: list[tuple[str, str]]
 ) -> list[tuple[str, bytes]]:
     return [(rel, _read(root, rel, lang, scan_lexical)) for rel, lang in chunk]
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a block (as a decorator: for a call).
+
+    Reading a large checkout's graph inputs, building its graph and rendering its map make
+    millions of containers (lists, dicts, tuples) and no reference cycles, so each pass of the
+    collector over them frees nothing: on sympy they took ~0.14 s of a cold map. Objects are
+    still freed as their references go; cycles wait for the collector's next pass after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def default_workers() -> int:

@@ -14,7 +14,7 @@ from hybrid.context.cache import TagCache
 from hybrid.context.graph import Graph, build_graph, patch_graph
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
-from hybrid.context.index import Progress, RepoIndex, build_index
+from hybrid.context.index import Progress, RepoIndex, build_index, gc_paused
 from hybrid.context.tags import qualified_signature
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
@@ -56,6 +56,7 @@ class RepoMap(BaseModel):
     skipped: list[str] = Field(default_factory=list)
 
 
+@gc_paused()
 def load_graph(
     root: str | Path,
     *,
@@ -222,6 +223,7 @@ def render_map(
     return "".join(parts), entries
 
 
+@gc_paused()
 def repo_map(
     root: str | Path = ".",
     task: str = "",

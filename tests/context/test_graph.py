@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 from array import array
 from pathlib import Path
 from typing import Any
 
 from hybrid.context.cache import TagCache
 from hybrid.context.graph import Graph, Slim, build_graph
-from hybrid.context.index import build_index
+from hybrid.context.index import build_index, gc_paused
 from hybrid.context.repomap import repo_map
 
 
@@ -64,3 +65,17 @@ def test_a_small_budget_parses_only_the_files_it_can_show(
     index = build_index(tmp_path / "repo", cache=cache)
     parsed = cache.payloads(TagCache.key(f.content_id, f.lang) for f in index.files)
     assert 1 <= len(made.entries) <= len(parsed) <= len(made.entries) + 1  # not 16
+
+
+def test_a_map_leaves_the_garbage_collector_as_it_found_it(shop_repo: Path) -> None:
+    assert gc.isenabled()
+    repo_map(shop_repo, tokens=200)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+        repo_map(shop_repo, tokens=300)
+        assert not gc.isenabled()  # paused by the caller: still paused
+    finally:
+        gc.enable()
