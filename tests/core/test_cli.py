@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -226,3 +228,15 @@ def test_every_environment_variable_is_documented() -> None:
     assert used >= {"HYBRID_CACHE_DIR", "HYBRID_STATE_DIR", "HYBRID_BASE_IMAGE"}
     missing = sorted(name for name in used if f"`{name}`" not in readme)
     assert missing == [], f"document these in the README's environment table: {missing}"
+
+
+def test_only_a_process_about_to_exit_freezes_its_objects(hybrid_cli: Any, tmp_path: Path) -> None:
+    """The console entry freezes the collector's objects as the process ends (its last passes
+    would free nothing); a caller that passes arguments keeps its collector as it was."""
+    frozen = gc.get_freeze_count()
+    assert hybrid_cli("--version")[0] == 0
+    assert gc.get_freeze_count() == frozen
+    (tmp_path / "mod.py").write_text("def f(x):\n    return x\n")
+    done = hybrid_cmd("map", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["entries"][0]["path"] == "mod.py"
