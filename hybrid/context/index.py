@@ -107,15 +107,13 @@ class RepoIndex:
         return {p: self._payloads[p] for p in wanted if p in self._payloads}
 
     def _parse_now(self, files: list[SourceFile]) -> None:
+        # In this process: a pool forked from one that holds a graph raised a sympy map's peak
+        # memory by ~25 MB (116 -> 143 MB) to save ~0.06 s.
         by_key: dict[str, list[SourceFile]] = {}
         for f in files:
             by_key.setdefault(_key(f), []).append(f)
         todo = [group[0] for group in by_key.values()]
-        parsed = dict(
-            chain.from_iterable(
-                _parse(self.root, todo, default_workers(), None, scan_lexical=False)
-            )
-        )
+        parsed = dict(chain.from_iterable(_parse(self.root, todo, 1, None, scan_lexical=False)))
         self.cache.put_many((_key(f), parsed[f.path]) for f in todo)
         for f in todo:
             payload = Payload._make(marshal.loads(parsed[f.path]))
