@@ -55,13 +55,13 @@ class Toolbox:
         from hybrid.context import repo_map
 
         path = self.scope.path(root, "root", "dir")
-        return repo_map(path, task, tokens, progress=lambda m: call.say("progress", m))
+        return repo_map(path, task, tokens, progress=_indexed(call))
 
     def context_pack(self, call: Call, root: str, task: str, tokens: int) -> Any:
         from hybrid.context import context_pack
 
         path = self.scope.path(root, "root", "dir")
-        return context_pack(path, task, tokens, progress=lambda m: call.say("progress", m))
+        return context_pack(path, task, tokens, progress=_indexed(call))
 
     def skeleton(self, call: Call, path: str) -> dict[str, str]:
         from hybrid.context.languages import language_for
@@ -304,3 +304,8 @@ class Toolbox:
             spec=spec,
             progress=lambda m: call.say("progress", m),
         )
+
+
+def _indexed(call: Call) -> Callable[[int, int], None]:
+    """The index's progress (files done, of how many) as log lines of the call."""
+    return lambda done, total: call.say("progress", f"indexed {done}/{total} files")

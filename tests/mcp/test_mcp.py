@@ -135,14 +135,22 @@ def error(result: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("mode", MODES)
 def test_stdio_session_maps_runs_and_refuses(repo: Path, mode: str) -> None:
     (repo / "leak.py").symlink_to("/etc/hostname")
+    (repo / "pkg" / "mode.py").write_text(f"MODE = {mode!r}\n")  # new contents to index
+    logs: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        logs.append(params)
 
     async def session() -> None:
-        async with Client(stdio("--root", str(repo)), mode=mode) as client:
+        server = stdio("--root", str(repo))
+        async with Client(server, mode=mode, logging_callback=on_log, log_level="info") as client:
             assert {t.name for t in (await client.list_tools()).tools} == TOOLS
 
             mapped = body(await client.call_tool("repo_map", {"task": "shipping cost"}))
             assert mapped["entries"][0]["path"] == "pkg/shipping.py"
             assert "def cost" in mapped["text"]
+            # The index's progress reaches the client as log lines.
+            assert any(p.logger == "progress" and "indexed" in str(p.data) for p in logs), logs
 
             skeleton = body(await client.call_tool("skeleton", {"path": "pkg/shipping.py"}))
             assert "def cost(weight: float) -> float:" in skeleton["skeleton"]
