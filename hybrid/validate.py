@@ -318,16 +318,18 @@ def _validate_in(
 
 def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> None:
     passed_before = {t for t, o in (before.outcomes if before else {}).items() if o == "passed"}
-    # A test the run before the fix did not report failed there (its file did not collect)
-    # unless that file ran cleanly: then it is an id that changes between runs (a
-    # parametrisation by the current time), not a test the fix made pass.
+    # A test missing from the run before the fix failed there (its file did not collect),
+    # unless its file ran cleanly: then it is an id that changes between runs (parametrised
+    # by the current time), not a test the fix made pass.
     clean = {_file(t) for t in tests.outcomes} - {_file(t) for t in _failed(tests)}
     result.fail_to_pass = sorted(
         t
         for t, o in fixed.outcomes.items()
         if o == "passed"
-        and tests.outcomes.get(t, "absent") in ("failed", "error", "absent")
-        and (t in tests.outcomes or _file(t) not in clean)
+        and (
+            tests.outcomes.get(t) in ("failed", "error")
+            or (t not in tests.outcomes and _file(t) not in clean)
+        )
     )
     result.pass_to_pass = sorted(t for t in passed_before if t in fixed.outcomes)
     result.broken = sorted(t for t in result.pass_to_pass if fixed.outcomes.get(t) != "passed")
