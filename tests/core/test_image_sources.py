@@ -13,7 +13,7 @@ from hybrid.workstation import images
 
 DEB822 = """\
 Types: deb
-# http://snapshot.debian.org/archive/debian/20250520T000000Z
+# a comment line, which the reader skips
 URIs: http://mirror.example/debian
 Suites: bookworm bookworm-updates
 Components: main
