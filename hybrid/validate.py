@@ -29,9 +29,9 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
-from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
+from hybrid.deps.detect import tag_release
 from hybrid.errors import (
     DependencyError,
     HybridError,
@@ -577,12 +577,7 @@ def _export(repo: Path, rev: str, into: Path) -> None:
         tar.extractall(into, filter="data")
     # The export has no .git: the release it is at (its latest tag) goes in the PKG-INFO an
     # sdist of it would carry, where dependency detection reads it.
-    tag = _git(repo, "describe", "--tags", "--abbrev=0", rev, check=False).strip()
-    version = re.sub(r"^\D+", "", tag)  # v1.2, release-1.2
-    try:
-        Version(version)
-    except InvalidVersion:
-        version = ""
+    version = tag_release(repo, rev)
     if version and not (into / "PKG-INFO").exists():
         (into / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nVersion: {version}\n")
     _version_file(into, version or "0.0.0")

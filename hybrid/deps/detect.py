@@ -57,6 +57,26 @@ def detect(repo: Path, groups: Iterable[str] = ("test", "tests", "testing", "dev
     return reader.result()
 
 
+def tag_release(repo: Path, rev: str = "HEAD") -> str | None:
+    """The version of the latest tag before ``rev`` in the git repository ``repo`` (v1.2 and
+    release-1.2 give 1.2), or None: no git, no tag, or a tag that names no version."""
+    try:
+        tag = subprocess.run(
+            ["git", "-C", str(repo), "describe", "--tags", "--abbrev=0", rev],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        return None
+    version = re.sub(r"^\D+", "", tag)
+    try:
+        Version(version)
+    except InvalidVersion:
+        return None
+    return version
+
+
 class _Reader:
     def __init__(self, repo: Path, groups: list[str]) -> None:
         self.repo = repo
@@ -88,14 +108,7 @@ class _Reader:
         text = self._load(self.repo / "PKG-INFO") or ""
         stated += [line[8:].strip() for line in text.splitlines() if line.startswith("Version:")]
         if (self.repo / ".git").exists():
-            with contextlib.suppress(OSError):  # no git here: no tag to read
-                tag = subprocess.run(
-                    ["git", "-C", str(self.repo), "describe", "--tags", "--abbrev=0"],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                ).stdout.strip()
-                stated.append(re.sub(r"^\D+", "", tag))  # v1.2, release-1.2
+            stated.append(tag_release(self.repo) or "")
         for version in stated:
             # The release itself: what a dependent's specifier matches (1.4.0.dev3 and
             # 1.4.0+local are not, as pre and local releases).
