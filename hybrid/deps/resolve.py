@@ -155,7 +155,7 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
             # a test tool that needs it (pytest needs pluggy) resolves to a version that works
             # with this checkout, not today's release that needs a newer one. It never enters.
             own = sdist.stand_in(stubs, declared.project, declared.version)
-            extra.append(f"{declared.project}=={declared.version}")
+            extra.append(pin := f"{declared.project}=={declared.version}")
         while True:
             (Path(work) / "requirements.txt").write_text("\n".join([*specs, *extra]) + "\n")
             links = [f"--find-links={link}" for link in [*_find_links(), str(stubs)]]
@@ -171,7 +171,7 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
             if wanted is None and own is not None:
                 # Nothing resolves around the project at that release (a version its files
                 # state ahead of what was published): resolve as if it were not installed.
-                extra.remove(f"{declared.project}=={declared.version}")
+                extra.remove(pin)
                 own.unlink()
                 (out / own.name).unlink(missing_ok=True)
                 own = None
