@@ -116,9 +116,13 @@ class RepoIndex:
         parsed = dict(chain.from_iterable(_parse(self.root, todo, 1, None, scan_lexical=False)))
         self.cache.put_many((_key(f), parsed[f.path]) for f in todo)
         for f in todo:
-            payload = Payload._make(marshal.loads(parsed[f.path]))
-            for same in by_key[_key(f)]:
-                self._payloads[same.path] = payload
+            self._hold(parsed[f.path], by_key[_key(f)])
+
+    def _hold(self, data: bytes, same: list[SourceFile]) -> None:
+        """A stored payload, kept in memory for every file with its contents."""
+        payload = Payload._make(marshal.loads(data))
+        for f in same:
+            self._payloads[f.path] = payload
 
     def slims(self, keys: set[str]) -> dict[str, Slim]:
         """Graph inputs by cache key: from memory or the cache, else made now for this
@@ -465,12 +469,9 @@ def build_index(
             cache.put_slims((key_of[p], data) for p, data in batch if key_of[p] in scanned)
             for path, data in batch:
                 key = key_of[path]
-                value = marshal.loads(data)
                 if key in scanned:
-                    index._slims[key] = Slim._make(value)
-                    continue
-                payload = Payload._make(value)
-                for same in by_key[key]:
-                    index._payloads[same.path] = payload
+                    index._slims[key] = Slim._make(marshal.loads(data))
+                else:
+                    index._hold(data, by_key[key])
         stats.parse_ms = (time.perf_counter() - t1) * 1000
     return index
