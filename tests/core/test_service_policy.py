@@ -72,7 +72,7 @@ def test_unknown_service_fields_and_kinds_are_refused(tmp_path):
     ],
 )
 def test_admit_lists_service_problems(services, network, expected):
-    net = NetworkPolicy(mode="egress", allow=["pypi.org"]) if network else NetworkPolicy()
+    net = NetworkPolicy(mode="egress", allow=["example.org"]) if network else NetworkPolicy()
     spec = SandboxSpec(tier="docker", services=services, network=net)
     problems = admit(spec)
     assert any(expected in p for p in problems), problems

@@ -292,7 +292,7 @@ def test_services_with_egress_share_the_relay_namespace(engine, service_images):
     from hybrid.policy import NetworkPolicy
 
     spec = _spec(Service(kind="redis", port=_port())).model_copy(
-        update={"network": NetworkPolicy(mode="egress", allow=["pypi.org"])}
+        update={"network": NetworkPolicy(mode="egress", allow=["example.org"])}
     )
     with engine.create(spec) as ws:
         pong = ws.exec(["python3", "-c", REDIS_PING, "PING"])
