@@ -133,8 +133,12 @@ def _task_text(message: str) -> str:
     return "\n".join(lines).strip()
 
 
-def mine_cases(repo: str | Path, limit: int = 50, rev: str = "HEAD") -> list[EvalCase]:
-    """Bug-fix commits of ``repo`` (newest first) that modify 1-3 non-test source files."""
+def mine_cases(
+    repo: str | Path, limit: int = 50, rev: str = "HEAD", skip: int = 0
+) -> list[EvalCase]:
+    """Bug-fix commits of ``repo`` (newest first) that modify 1-3 non-test source files;
+    the newest ``skip`` of them are passed over (older cases make a training set apart
+    from the newest, which are the benchmark)."""
     repo_path = Path(repo)
     if git_checked(repo_path, "rev-parse", "--is-inside-work-tree").strip() != "true":
         raise InvalidInput(f"{repo} is not a git work tree")
@@ -158,14 +162,17 @@ def mine_cases(repo: str | Path, limit: int = 50, rev: str = "HEAD") -> list[Eva
             if line.startswith("\x1e") and buffer:
                 case = _case("".join(buffer))
                 if case is not None:
-                    cases.append(case)
-                    if len(cases) >= limit:
-                        break
+                    if skip:
+                        skip -= 1
+                    else:
+                        cases.append(case)
+                        if len(cases) >= limit:
+                            break
                 buffer = []
             buffer.append(line)
         else:
             case = _case("".join(buffer)) if buffer else None
-            if case is not None and len(cases) < limit:
+            if case is not None and not skip and len(cases) < limit:
                 cases.append(case)
         proc.kill()
     return cases
@@ -280,8 +287,9 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
     budgets: tuple[int, ...] = BUDGETS,
     variants: tuple[str, ...] | None = None,
+    skip: int = 0,
 ) -> EvalReport:
-    """Mine ``limit`` bug-fix commits; score every ranking mode on them (file level) and
+    """Mine ``limit`` bug-fix commits (after the newest ``skip``); score every ranking mode on them (file level) and
     every pack variant at every budget (edit-site recall)."""
     from hybrid.context.pack import fill_pack
     from hybrid.context.ranking import rank
@@ -290,7 +298,7 @@ def evaluate(
 
     chosen_variants = [v for v in VARIANTS if variants is None or v in variants]
     repo_path = Path(repo).resolve()
-    cases = mine_cases(repo_path, limit)
+    cases = mine_cases(repo_path, limit, skip=skip)
     if not cases:
         raise ContextError(f"no bug-fix commits that modify source files found in {repo}")
     cache = cache if cache is not None else TagCache()
