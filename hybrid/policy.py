@@ -17,12 +17,14 @@ import posixpath
 import re
 import tomllib
 from collections.abc import Iterator
+from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import tomli_w
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -91,6 +93,23 @@ def _number(value: Any) -> Any:
 
 Count = Annotated[int, BeforeValidator(_number)]
 Number = Annotated[float, BeforeValidator(_number)]
+
+
+def moment(value: Any) -> Any:
+    """A date or time as an aware datetime: ``2021-05-20`` is its midnight, UTC unless it says."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a date (2021-05-20 or 2021-05-20T16:35Z)") from None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
+Moment = Annotated[AwareDatetime, BeforeValidator(moment)]
 
 
 class _Strict(BaseModel):
@@ -230,6 +249,12 @@ class DepsPolicy(_Strict):
         default_factory=lambda: ["test", "tests", "testing", "dev"],
         description="Optional extras and dependency groups installed with the project's own.",
     )
+    exclude_newer: Moment | None = Field(
+        None,
+        description="Resolve what the project names as of this time: no release the index says "
+        "was published after it (an old commit tested with the tools of its day). What those "
+        "depend on stays free, to run on the image's interpreter.",
+    )
 
 
 _SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
@@ -351,8 +376,7 @@ class SandboxSpec(_Strict):
             del data["deps"]
         else:
             data["deps"]["max_bytes"] = format_size(data["deps"]["max_bytes"])
-            if data["deps"]["approved"] is None:
-                del data["deps"]["approved"]
+            data["deps"] = {k: v for k, v in data["deps"].items() if v is not None}
         if data["services"]:
             data["services"] = [
                 {k: v for k, v in service.items() if v is not None} for service in data["services"]

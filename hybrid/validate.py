@@ -16,6 +16,7 @@ work tree; nothing of the project runs on the host.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 import shutil
@@ -26,6 +27,7 @@ import time
 import tomllib
 import xml.etree.ElementTree as ET
 from collections import Counter
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
@@ -135,6 +137,7 @@ class Change(BaseModel):
     commit: str
     parent: str
     subject: str
+    date: datetime = Field(description="When the commit was made (its committer date).")
     tests: list[str] = Field(description="Changed test files (paths as of the commit).")
     source: list[str] = Field(description="Every other changed file.")
     deleted: list[str] = Field(default_factory=list, description="Files the commit removes.")
@@ -172,6 +175,9 @@ class Validation(BaseModel):
         default_factory=list, description="PASS_TO_PASS tests that fail after the fix."
     )
     runs: list[Run] = Field(default_factory=list)
+    exclude_newer: datetime | None = Field(
+        None, description="The dependencies were resolved as of this time (None: today's)."
+    )
     seconds: dict[str, float] = Field(default_factory=dict)
 
 
@@ -205,9 +211,15 @@ def change_of(repo: Path, commit: str) -> Change:
         raise InvalidInput(
             f"{sha[:12]}: not a fix commit with tests: it must change test files and source code"
         )
-    subject = _git(repo, "log", "-1", "--format=%s", sha).strip()
+    subject, _, date = _git(repo, "log", "-1", "--format=%s%n%cI", sha).strip().rpartition("\n")
     return Change(
-        commit=sha, parent=parents[0], subject=subject, tests=tests, source=source, deleted=deleted
+        commit=sha,
+        parent=parents[0],
+        subject=subject,
+        date=datetime.fromisoformat(date),
+        tests=tests,
+        source=source,
+        deleted=deleted,
     )
 
 
@@ -229,10 +241,13 @@ def validate(
     pytest, or for a Node project jest, mocha, tap or ``node --test`` (from its devDependencies).
     Test ids come from pytest's JUnit report or jest's JSON report; other runners run once per
     test file, whose exit code is its outcome.
+    When today's dependencies cannot run the commit's tests at all (nothing resolves, or no
+    test passes in any state), it is tried again with them resolved as of the commit's date
+    (``DepsPolicy.exclude_newer``); the spec's own ``exclude_newer`` is used as given.
     Bad input (no such commit, not a fix with tests) raises InvalidInput; everything that
     happens inside is in the result.
     """
-    from hybrid.policy import SandboxSpec, for_workstation
+    from hybrid.policy import DepsPolicy, SandboxSpec, for_workstation
     from hybrid.workstation import backend as backend_of
 
     repo = Path(repo)
@@ -241,6 +256,34 @@ def validate(
     change = change_of(repo, commit)
     spec = spec or for_workstation(SandboxSpec(tier="docker"))
     backend = backend or backend_of("gvisor" if spec.tier == "gvisor" else "docker")
+    run = functools.partial(_attempt, repo, change, backend, image, deps, test_command, timeout)
+    result = run(spec)
+    policy = spec.deps or DepsPolicy()
+    if deps and policy.exclude_newer is None and _too_new(result):
+        # Today's tools refuse the project at this commit (a later pytest turns its tests into
+        # collection errors, or nothing resolves): test it with the tools of its day instead.
+        dated = policy.model_copy(update={"exclude_newer": change.date})
+        retried = run(spec.model_copy(update={"deps": dated}))
+        if retried.validated or retried.failure != "dependency":
+            result = retried
+    return result
+
+
+def _too_new(result: Validation) -> bool:
+    """Whether a miss may be today's dependencies being too new for the commit."""
+    return result.failure == "dependency" or result.reason.startswith("no test passes")
+
+
+def _attempt(
+    repo: Path,
+    change: Change,
+    backend: Backend,
+    image: str | None,
+    deps: bool,
+    test_command: str | None,
+    timeout: float | None,
+    spec: SandboxSpec,
+) -> Validation:
     result = Validation(
         repo=str(repo),
         commit=change.commit,
@@ -249,6 +292,7 @@ def validate(
         tests=change.tests,
         source=change.source,
         validated=False,
+        exclude_newer=spec.deps.exclude_newer if spec.deps else None,
     )
     with tempfile.TemporaryDirectory(prefix="hybrid-validate-") as work:
         checkout = Path(work) / "repo"

@@ -1,9 +1,11 @@
-"""Budget options shared by every command that runs something, and the spec they build."""
+"""Options shared by the commands that run something (budgets, dependency resolution), and the
+spec they build."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,14 @@ import click
 from pydantic import ValidationError
 
 from hybrid.errors import InvalidInput
-from hybrid.policy import Budget, NetworkPolicy, SandboxSpec, allow_secret_paths
+from hybrid.policy import (
+    Budget,
+    DepsPolicy,
+    NetworkPolicy,
+    SandboxSpec,
+    allow_secret_paths,
+    moment,
+)
 
 
 class TierChoice(click.Choice[str]):
@@ -124,3 +133,27 @@ secret_path_option = click.option(
 def secret_scope(allowed: bool) -> AbstractContextManager[None]:
     """Inside: inputs and mounts may name host secret paths (each use is logged) when ``allowed``."""
     return allow_secret_paths() if allowed else nullcontext()
+
+
+def _when(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+    try:
+        return None if value is None else moment(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+exclude_newer_option = click.option(
+    "--exclude-newer",
+    metavar="DATE",
+    callback=_when,
+    help="Resolve the packages the project names as of DATE (ISO; UTC unless it says): "
+    "nothing published after it.",
+)
+
+
+def with_exclude_newer(spec: SandboxSpec, when: datetime | None) -> SandboxSpec:
+    """``spec`` with its dependency policy resolving as of ``when`` (unchanged when None)."""
+    if when is None:
+        return spec
+    deps = (spec.deps or DepsPolicy()).model_copy(update={"exclude_newer": when})
+    return spec.model_copy(update={"deps": deps})

@@ -5,13 +5,19 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from hybrid.cli._options import exclude_newer_option, with_exclude_newer
 from hybrid.cli._output import emit, json_option
 from hybrid.errors import InvalidInput
 from hybrid.paths import display
+
+if TYPE_CHECKING:
+    from hybrid.policy import SandboxSpec
 
 _repo = click.argument(
     "repo", type=click.Path(path_type=Path, file_okay=False, exists=True), default="."
@@ -30,7 +36,7 @@ _approved = click.option(
 _image = click.option("--image", help="Workstation image to resolve for (default: the base image).")
 
 
-def _spec(policy_file: Path | None, approved: Path | None) -> object:
+def _spec(policy_file: Path | None, approved: Path | None) -> SandboxSpec:
     from hybrid.policy import DepsPolicy, SandboxSpec, enforce
 
     spec = SandboxSpec.from_toml(policy_file) if policy_file else SandboxSpec(tier="docker")
@@ -80,6 +86,7 @@ def show(repo: Path, as_json: bool) -> None:
 @_policy
 @_approved
 @click.option("--refresh", is_flag=True, help="Resolve again even if the inputs are unchanged.")
+@exclude_newer_option
 @click.option(
     "--output",
     type=click.Path(path_type=Path),
@@ -92,14 +99,15 @@ def lock_cmd(
     policy_file: Path | None,
     approved: Path | None,
     refresh: bool,
+    exclude_newer: datetime | None,
     output: Path | None,
     as_json: bool,
 ) -> None:
     """Resolve and download REPO's dependencies on the host and admit them; print the manifest."""
     from hybrid.deps import plan
 
-    spec = _spec(policy_file, approved)
-    manifest = plan(repo, spec, image=image, refresh=refresh)  # type: ignore[arg-type]
+    spec = with_exclude_newer(_spec(policy_file, approved), exclude_newer)
+    manifest = plan(repo, spec, image=image, refresh=refresh)
     if output is not None:
         _write(output, manifest.model_dump_json(indent=1))
 
@@ -138,6 +146,7 @@ def admit_cmd(
     from hybrid.deps.layers import target
     from hybrid.errors import PolicyError
     from hybrid.paths import read_input
+    from hybrid.policy import DepsPolicy
     from hybrid.workstation.images import BASE_IMAGE
 
     spec = _spec(policy_file, approved)
@@ -151,9 +160,14 @@ def admit_cmd(
         from hybrid.policy import check_input_path
 
         check_input_path(repo, "repository")
-        groups = spec.deps.groups if spec.deps else ["test", "tests", "testing", "dev"]  # type: ignore[attr-defined]
-        manifest = lock(repo, detect(repo, groups), target(image or BASE_IMAGE))
-    violations = admit(manifest, spec.deps)  # type: ignore[attr-defined]
+        policy = spec.deps or DepsPolicy()
+        manifest = lock(
+            repo,
+            detect(repo, policy.groups),
+            target(image or BASE_IMAGE),
+            exclude_newer=policy.exclude_newer,
+        )
+    violations = admit(manifest, spec.deps)
     result = {
         "admitted": not violations,
         "violations": violations,

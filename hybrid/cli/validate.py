@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import click
 
-from hybrid.cli._options import spec_from_options
+from hybrid.cli._options import exclude_newer_option, spec_from_options, with_exclude_newer
 from hybrid.cli._output import emit, json_option
 
 
@@ -26,6 +27,7 @@ from hybrid.cli._output import emit, json_option
 )
 @click.option("--image", help="Workstation image (default: the base image).")
 @click.option("--no-deps", is_flag=True, help="Do not install the project's dependencies.")
+@exclude_newer_option
 @click.option("--gvisor", is_flag=True, help="Run in gVisor (runsc) instead of runc.")
 @click.option(
     "--policy",
@@ -41,6 +43,7 @@ def validate_cmd(
     timeout: float | None,
     image: str | None,
     no_deps: bool,
+    exclude_newer: datetime | None,
     gvisor: bool,
     policy_file: Path | None,
     as_json: bool,
@@ -50,7 +53,8 @@ def validate_cmd(
 
     Runs in a workstation at the parent with the dependencies installed offline. Exit 0 when it
     validates, 1 when it does not (with the failure class: dependency, service, network, flaky,
-    other).
+    other). When today's packages cannot run its tests at all, it tries again with them as of
+    the commit's date (--exclude-newer sets a date instead).
     """
     from hybrid.policy import SandboxSpec, enforce, for_workstation
     from hybrid.validate import validate
@@ -59,6 +63,7 @@ def validate_cmd(
     spec = spec_from_options(policy_file, SandboxSpec(tier=tier), adjust=for_workstation)
     if gvisor:
         spec = spec.model_copy(update={"tier": "gvisor"})
+    spec = with_exclude_newer(spec, exclude_newer)
     enforce(spec)
     result = validate(
         repo, commit, spec=spec, image=image, deps=not no_deps, test_command=test_command
@@ -78,6 +83,8 @@ def validate_cmd(
             f"  FAIL_TO_PASS {len(result.fail_to_pass)}  PASS_TO_PASS {len(result.pass_to_pass)}"
             f"  broken {len(result.broken)}"
         )
+        if result.exclude_newer is not None:
+            click.echo(f"  dependencies as of {result.exclude_newer.isoformat()}")
         verdict = "validated" if result.validated else f"not validated ({result.failure})"
         click.echo(f"{verdict}{': ' + result.reason if result.reason else ''}")
 

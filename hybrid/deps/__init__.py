@@ -79,7 +79,13 @@ def _plan(
     found = target(image or BASE_IMAGE)
     seconds["detect"] = time.monotonic() - mark
     mark = time.monotonic()
-    manifest = lock(Path(repo), declared, found, refresh=refresh)
+    manifest = lock(
+        Path(repo),
+        declared,
+        found,
+        refresh=refresh,
+        exclude_newer=policy.exclude_newer if policy else None,
+    )
     seconds["lock"] = time.monotonic() - mark
     mark = time.monotonic()
     enforce(manifest, policy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,6 +81,9 @@ class Manifest(BaseModel):
     node_lockfile: str | None = Field(None, description="Relative path of the Node lockfile.")
     paths: list[str] = Field(default_factory=list)
     version: str | None = Field(None, description="The project's release (Declared.version).")
+    exclude_newer: datetime | None = Field(
+        None, description="What the project names was resolved as of this time (DepsPolicy)."
+    )
     inputs: str = ""
 
     @property

@@ -20,8 +20,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
+from packaging.requirements import Requirement as PackagingRequirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -30,7 +33,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from hybrid.deps import sdist, store
+from hybrid.deps import released, sdist, store
 from hybrid.deps.models import Artifact, Declared, Manifest, Target
 from hybrid.errors import DependencyError, PolicyViolation
 from hybrid.paths import cache_dir
@@ -39,12 +42,21 @@ _FORMAT = "2"  # bump when what a lock records changes
 _OLDEST_GLIBC_MINOR = 5  # manylinux1
 
 
-def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = False) -> Manifest:
+def lock(
+    repo: Path,
+    declared: Declared,
+    target: Target,
+    *,
+    refresh: bool = False,
+    exclude_newer: datetime | None = None,
+) -> Manifest:
     """The manifest of what ``declared`` resolves to for ``target``, downloaded into the store.
 
-    Kept per (inputs, target): an unchanged project is not resolved again (``refresh`` forces it).
+    ``exclude_newer`` resolves as of that time: no release published after it is chosen (where
+    the index says when each was published). Kept per (inputs, target, time): an unchanged
+    project is not resolved again (``refresh`` forces it).
     """
-    saved = cache_dir("deps", "locks") / f"{_key(declared, target)}.json"
+    saved = cache_dir("deps", "locks") / f"{_key(declared, target, exclude_newer)}.json"
     if saved.is_file() and not refresh:
         with contextlib.suppress(ValueError):
             manifest = Manifest.model_validate_json(saved.read_text())
@@ -54,7 +66,7 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
                 return manifest.model_copy(
                     update={"requirements": declared.python, "inputs": declared.inputs}
                 )
-    artifacts = _python(declared, target) + _node(repo, declared)
+    artifacts = _python(declared, target, exclude_newer) + _node(repo, declared)
     manifest = Manifest(
         project=declared.project,
         target=target,
@@ -63,6 +75,7 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
         node_lockfile=declared.node,
         paths=declared.paths,
         version=declared.version,
+        exclude_newer=exclude_newer,
         inputs=declared.inputs,
     )
     tmp = saved.with_suffix(".tmp")
@@ -71,7 +84,7 @@ def lock(repo: Path, declared: Declared, target: Target, *, refresh: bool = Fals
     return manifest
 
 
-def _key(declared: Declared, target: Target) -> str:
+def _key(declared: Declared, target: Target, exclude_newer: datetime | None) -> str:
     """What decides a resolution: the requirements, pins and hashes declared (not the bytes of
     the files around them), the target, and for Node the lockfile itself."""
     body = {
@@ -85,6 +98,8 @@ def _key(declared: Declared, target: Target) -> str:
         "project": declared.project,
         "version": declared.version,  # what a test tool needing the project resolves against
     }
+    if exclude_newer is not None:
+        body["exclude_newer"] = exclude_newer.isoformat()
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -104,7 +119,7 @@ def platforms(target: Target) -> list[str]:
     return tags
 
 
-def _python(declared: Declared, target: Target) -> list[Artifact]:
+def _python(declared: Declared, target: Target, exclude_newer: datetime | None) -> list[Artifact]:
     specs = list(dict.fromkeys(r.spec for r in declared.python))
     if not specs:
         return []
@@ -139,10 +154,11 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
         ]
         for tag in platforms(target):
             command += ["--platform", tag]
-        if declared.locked:
-            pins = "".join(f"{n}=={v}\n" for n, v in sorted(declared.locked.items()))
-            (Path(work) / "locked.txt").write_text(pins)
-            command += ["-c", str(Path(work) / "locked.txt")]
+        constraints = Path(work) / "constraints.txt"
+        pins = [f"{n}=={v}" for n, v in sorted(declared.locked.items())]
+        _write_constraints(constraints, pins, {})
+        command += ["-c", str(constraints)]
+        bounds: dict[str, str] = {}  # name -> the specifier that leaves out later releases
         # A package with no wheel: its source enters, a stand-in wheel lets pip resolve around
         # it, and the loop goes on until pip finds a wheel (or a source) for everything.
         stubs = Path(work) / "stubs"
@@ -166,7 +182,21 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
                 check=False,
             )
             if done.returncode == 0:
-                break
+                late = _too_new(out, declared, exclude_newer, bounds)
+                if not late:
+                    break
+                # Chosen at releases too new for the date: bound them and resolve again.
+                bounds |= late
+                _write_constraints(constraints, pins, bounds)
+                for path in out.iterdir():
+                    path.unlink()
+                continue
+            if stuck := _unsatisfied_bound(done.stdout + done.stderr, bounds):
+                # Nothing published by the date installs here (no wheel for this interpreter,
+                # as an old C extension on a newer Python): the next release that does.
+                bounds[stuck] = ""
+                _write_constraints(constraints, pins, bounds)
+                continue
             wanted = sdist.missing(done.stderr)
             if wanted is None and own is not None:
                 # Nothing resolves around the project at that release (a version its files
@@ -181,6 +211,11 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
                     f"pip could not resolve the project's dependencies: {_why(done.stderr)}"
                 )
             (Path(work) / "sources").mkdir(exist_ok=True)
+            limit = bounds.get(canonicalize_name(_req_name(wanted)))
+            if limit:
+                narrowed = PackagingRequirement(wanted)
+                narrowed.specifier &= SpecifierSet(limit)
+                wanted = str(narrowed)
             source = sdist.fetch(wanted, Path(work) / "sources")
             sources[source.name] = source
             source.stand_in(stubs)
@@ -213,6 +248,42 @@ def _python(declared: Declared, target: Target) -> list[Artifact]:
         if refused:
             raise PolicyViolation(refused)
         return found
+
+
+def _too_new(
+    out: Path, declared: Declared, exclude_newer: datetime | None, bounds: dict[str, str]
+) -> dict[str, str]:
+    """The bound of each package the project names that pip chose at a release published after
+    ``exclude_newer`` and is not yet bounded ("" when nothing was published by then).
+
+    Only what the project names is bounded: its tests are written against those (a pytest
+    that later turned a deprecation into an error). What they depend on stays free, so it can
+    be the release that runs on the image's interpreter (py 1.10 breaks on Python 3.11).
+    A locked pin is the project's own choice and stays.
+    """
+    if exclude_newer is None:
+        return {}
+    named = {canonicalize_name(_req_name(r.spec)) for r in declared.python}
+    named -= {canonicalize_name(n) for n in [*declared.locked, *bounds, declared.project or ""]}
+    chosen = {n: v for n, v in (_name_version(p.name) for p in out.iterdir()) if n in named}
+    late = released.too_new(chosen, exclude_newer) if chosen else []
+    return {name: released.bound(name, exclude_newer) or "" for name in late}
+
+
+def _write_constraints(path: Path, pins: list[str], bounds: dict[str, str]) -> None:
+    path.write_text(
+        "".join(f"{c}\n" for c in [*pins, *(f"{n}{b}" for n, b in bounds.items() if b)])
+    )
+
+
+def _unsatisfied_bound(stderr: str, bounds: dict[str, str]) -> str | None:
+    """The bounded package pip names in a conflict (its bound leaves nothing it can install;
+    pip explains a conflict on stdout)."""
+    for found in re.finditer(r"The user requested \(constraint\) ([A-Za-z0-9._-]+)", stderr):
+        name = canonicalize_name(found.group(1))
+        if bounds.get(name):
+            return name
+    return None
 
 
 def _find_links() -> list[str]:

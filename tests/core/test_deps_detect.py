@@ -82,7 +82,15 @@ def test_workstation_budgets_fill_only_what_the_spec_leaves_unset() -> None:
 
 def test_a_deps_policy_round_trips_through_toml(tmp_path: Path) -> None:
     spec = SandboxSpec.from_dict(
-        {"tier": "docker", "deps": {"deny": ["evil*"], "max_bytes": "500M", "require_pins": True}}
+        {
+            "tier": "docker",
+            "deps": {
+                "deny": ["evil*"],
+                "max_bytes": "500M",
+                "require_pins": True,
+                "exclude_newer": "2021-05-20",
+            },
+        }
     )
     path = tmp_path / "p.toml"
     path.write_text(spec.to_toml())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,10 @@ ENV = {
 }
 
 
-def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
+def _git(repo: Path, *args: str, stdin: str | None = None, date: str | None = None) -> str:
+    env = ENV | ({"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date} if date else {})
     return subprocess.run(
-        ["git", *args], cwd=repo, env=ENV, input=stdin, text=True, capture_output=True, check=True
+        ["git", *args], cwd=repo, env=env, input=stdin, text=True, capture_output=True, check=True
     ).stdout
 
 
@@ -155,6 +157,38 @@ def test_tests_that_never_run_do_not_read_as_passing(engine, repo: Path) -> None
     assert result.failure == "other"
     assert result.reason.startswith("no test passes after the fix"), result.reason
     assert "cannot collect" in result.reason
+    # Tried again with the packages of the commit's day, which could not help either.
+    assert result.exclude_newer is not None
+
+
+def test_tests_todays_pytest_refuses_validate_with_the_tools_of_their_day(
+    engine, repo: Path
+) -> None:
+    """dateutil 5cf3e3cbfa: today's pytest turns an iterator given to parametrize into a
+    deprecation, the project's ``filterwarnings`` makes that an error, and no test collects in
+    any state. Resolved as of the commit's date (pytest 6.2), the same commit validates."""
+    pyproject = repo / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text()
+        + '\n[tool.pytest.ini_options]\nfilterwarnings = ["error::DeprecationWarning"]\n'
+    )
+    _git(repo, "commit", "-qam", "Warnings are errors", date="2021-05-01T12:00:00+00:00")
+    source = repo / "src" / "humanize" / "filesize.py"
+    source.write_text(source.read_text() + "\n\ndef twice(n):\n    return 2 * n\n")
+    test = repo / "tests" / "test_filesize.py"
+    test.write_text(
+        test.read_text()
+        + "\n\n@pytest.mark.parametrize('n', iter([2]))\ndef test_twice(n):\n"
+        + "    from humanize.filesize import twice\n\n    assert twice(n) == 4\n"
+    )
+    _git(repo, "commit", "-qam", "Fix twice", date="2021-06-01T12:00:00+00:00")
+    try:
+        result = validate(repo, "HEAD", spec=_spec(), backend=engine)
+    finally:
+        _git(repo, "reset", "-q", "--hard", "HEAD~2")
+    assert result.validated, (result.failure, result.reason, [r.tail[-800:] for r in result.runs])
+    assert result.exclude_newer == datetime(2021, 6, 1, 12, tzinfo=UTC)
+    assert any("test_twice" in t for t in result.fail_to_pass)
 
 
 def test_a_test_that_hangs_before_the_fix_fails_alone(engine, repo, monkeypatch) -> None:
