@@ -384,7 +384,16 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
     elif tests.termination == "timeout" and not tests.outcomes:
         result.reason = "the commit's tests ran out of time before its source change"
     elif _already_pass(result, before, tests):
-        result.reason = "the commit's tests already pass before its source change"
+        added = [t for t in fixed.outcomes if t not in (before.outcomes if before else {})]
+        if added and all(fixed.outcomes[t] == "skipped" for t in added):
+            # A test for another environment (structlog's "without Rich" case): the verdict is
+            # the same, but the reason says what would make it run.
+            result.reason = (
+                f"the commit's new tests are skipped here ({len(added)}): they are for another "
+                "environment (an optional dependency absent, another platform)"
+            )
+        else:
+            result.reason = "the commit's tests already pass before its source change"
     elif not result.fail_to_pass:
         failing = sorted(t for t, o in fixed.outcomes.items() if o in ("failed", "error"))
         result.reason = f"no test goes from failing to passing ({len(failing)} still fail)"

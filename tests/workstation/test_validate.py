@@ -134,6 +134,18 @@ def test_a_commit_whose_tests_already_pass_does_not_validate(
     assert "already pass" in result.reason
 
 
+def test_new_tests_that_skip_here_say_so(engine, repo: Path) -> None:
+    """structlog 1f7765e764: the fix's test runs only without an optional dependency, so it
+    skips in every state; the reason says that, not only that the tests already pass."""
+    skipped = (
+        "\n\n@pytest.mark.skipif(True, reason='Needs missing Rich.')\n"
+        "def test_without_rich():\n    assert False\n"
+    )
+    result = _validate_on_top(engine, repo, fix_tests=skipped)
+    assert not result.validated and result.failure == "other"
+    assert result.reason.startswith("the commit's new tests are skipped here (1)"), result.reason
+
+
 def test_test_ids_that_change_between_runs_are_not_flaky_or_fixed(engine, repo: Path) -> None:
     """A test parametrised by the time has a new id in every run (marshmallow's datetime
     cases): the commit's tests pass at its parent, which is what it must say; not that a
