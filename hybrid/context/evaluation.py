@@ -289,8 +289,8 @@ def evaluate(
     variants: tuple[str, ...] | None = None,
     skip: int = 0,
 ) -> EvalReport:
-    """Mine ``limit`` bug-fix commits (after the newest ``skip``); score every ranking mode on them (file level) and
-    every pack variant at every budget (edit-site recall)."""
+    """Mine ``limit`` bug-fix commits (after the newest ``skip``); score every ranking mode
+    on them (file level) and every pack variant at every budget (edit-site recall)."""
     from hybrid.context.pack import fill_pack
     from hybrid.context.ranking import rank
     from hybrid.context.repomap import load_graph
