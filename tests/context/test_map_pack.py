@@ -31,6 +31,16 @@ def test_mentioned_identifier_ranks_its_definition_first(shop_repo: Path) -> Non
         assert ranking.reasons[ranking.order[0]]
 
 
+def test_area_prefix_names_a_directory(tmp_path: Path, write) -> None:  # type: ignore[no-untyped-def]
+    """An "area:" prefix lifts the files under that directory (by stem: parser, parsers/)."""
+    body = "def read_value(text):\n    return text.strip()\n"
+    write(tmp_path, {"parsers/core.py": body, "output/core.py": body})
+    graph = load_graph(tmp_path)
+    ranking = rank(graph, "parser: read_value keeps the newline")
+    assert graph.paths[ranking.order[0]] == "parsers/core.py"
+    assert "directory named in the task" in ranking.reasons[ranking.order[0]]
+
+
 def test_ablations_differ_and_are_complete(shop_repo: Path) -> None:
     graph = load_graph(shop_repo)
     task = "apply_discount is wrong"
