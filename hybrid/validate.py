@@ -475,7 +475,8 @@ class _Runner:
         if node:
             runner = cls(command or _node_command(checkout), (".js", ".cjs", ".mjs", ".ts"))
         else:
-            runner = cls(command or "python -m pytest -p no:cacheprovider -q --color=no", (".py",))
+            # python3: a project with nothing to install has no venv, and the image has no `python`.
+            runner = cls(command or "python3 -m pytest -p no:cacheprovider -q --color=no", (".py",))
         runner.timeout = timeout
         return runner
 

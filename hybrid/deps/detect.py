@@ -30,6 +30,7 @@ from hybrid.paths import display
 
 _REQ_FILES = ("requirements*.txt", "requirements/*.txt", "*requirements*/*.txt")
 _TOX_FACTOR = re.compile(r"^!?[\w.-]+(,!?[\w.-]+)*:\s")  # "coverage: coverage", "py38,py39: x"
+_TEST_FACTORS = {"unit", "test", "tests", "testing", "pytest"}
 _SKIP_REQ = re.compile(r"(docs?|doc-|lint|typecheck|release|publish)", re.IGNORECASE)
 
 
@@ -274,8 +275,16 @@ class _Reader:
             return False
         named = False
         for line in _lines(parser.get("testenv", "deps")):
-            if "{" in line or _TOX_FACTOR.match(line):
-                continue  # a substitution or a factor's own dependency: only tox knows which
+            factor = _TOX_FACTOR.match(line)
+            if factor:
+                # A factor's own dependency is tox's to choose ("coverage: coverage"), except
+                # the unit-test environment's ("unit: pytest"): that is how the tests run.
+                names = {f.strip() for f in factor.group(0).strip().rstrip(":").split(",")}
+                if not names <= {*_TEST_FACTORS, *self.groups}:
+                    continue
+                line = line[factor.end() :].strip()
+            if "{" in line:
+                continue  # a substitution: only tox knows what it becomes
             if line.startswith(("-r", "-c")):
                 included = self.repo / line[2:].strip().lstrip("=")
                 self.requirements_file(included)

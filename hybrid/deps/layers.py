@@ -36,18 +36,21 @@ LABEL_IMAGE = "hybrid.deps.image"
 PREFIX = "/opt/hybrid"
 VENV = f"{PREFIX}/venv"
 NODE = f"{PREFIX}/node"
-_FORMAT = "5"  # bump when the install script changes what a layer holds
+_FORMAT = "6"  # bump when the install script changes what a layer holds
 _STAGE = "/hybrid-deps"
 
 _SCRIPT = r"""set -eu
 export HOME=/tmp PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=
-if [ -s {stage}/python.txt ]; then
+if [ -s {stage}/python.txt ] || [ -s {stage}/paths.txt ]; then
   # The image's own pip, through --system-site-packages: no network, no second copy of pip.
-  # The host resolved the whole set (python.txt pins every artifact), so --no-deps, as
-  # pip-sync does: the project itself is not in it, while what needs it is.
+  # A project with nothing to install still gets the venv: its `python`, and its source on
+  # sys.path. The host resolved the whole set (python.txt pins every artifact), so --no-deps,
+  # as pip-sync does: the project itself is not in it, while what needs it is.
   python3 -m venv --without-pip --system-site-packages {venv}
-  {venv}/bin/python -m pip install --no-index --find-links {stage}/python --ignore-installed \
-    --no-deps --no-warn-script-location -r {stage}/python.txt
+  if [ -s {stage}/python.txt ]; then
+    {venv}/bin/python -m pip install --no-index --find-links {stage}/python --ignore-installed \
+      --no-deps --no-warn-script-location -r {stage}/python.txt
+  fi
   site=$({venv}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   for p in $(cat {stage}/paths.txt); do echo "$p" >> "$site/_hybrid_project.pth"; done
   # The project runs from the workspace uninstalled; its own metadata (name, its release or a

@@ -98,6 +98,17 @@ def test_a_deps_policy_round_trips_through_toml(tmp_path: Path) -> None:
     assert "[deps]" not in SandboxSpec(tier="docker").to_toml()
 
 
+def test_the_unit_test_environments_own_dependencies_are_read(tmp_path: Path) -> None:
+    # pyparsing's shape: tox installs pytest only for its "unit" factor, and sphinx only for
+    # "doctest"; without the first the tests have nothing to run them.
+    (tmp_path / "tox.ini").write_text(
+        "[testenv]\ndeps =\n  unit: pytest\n  unit: matplotlib; python_version < '3.15'\n"
+        "  doctest: sphinx\n  coverage: coverage\n  !pypy: trio\n  unit,docs: furo\n"
+    )
+    specs = {r.spec for r in detect(tmp_path).python}
+    assert specs == {"pytest", "matplotlib; python_version < '3.15'"}
+
+
 def test_the_files_tox_installs_are_read_and_not_their_siblings(tmp_path: Path) -> None:
     # jinja's shape: pip-compiled sets for several environments, whose pins conflict; a
     # factor's own dependencies (pluggy's "coverage: coverage") are tox's to choose.

@@ -98,6 +98,23 @@ def test_real_fix_commit_validates(engine, repo: Path) -> None:
     assert _workstations() == before
 
 
+def test_a_project_with_nothing_to_install_runs_on_the_images_python(
+    engine, repo: Path, tmp_path: Path
+) -> None:
+    """Nothing declared to install (pyparsing names its test runner only for a tox factor):
+    the workstation still has `python` and the project's source on its path, and the image's
+    own pytest runs the tests."""
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(repo), str(clone))
+    _git(clone, "checkout", "-q", "HEAD~1")
+    (clone / "pyproject.toml").write_text('[project]\nname = "humanize"\nversion = "4.9"\n')
+    _git(clone, "commit", "-qam", "parent declaring nothing to install")
+    _git(clone, "cherry-pick", _git(repo, "rev-parse", "HEAD").strip())
+    result = validate(clone, "HEAD", spec=_spec(), backend=engine)
+    assert result.validated, (result.failure, result.reason, [r.tail[-800:] for r in result.runs])
+    assert all(run.command.startswith("python3 ") for run in result.runs)
+
+
 def _validate_on_top(
     engine: Backend, repo: Path, *, parent_tests: str = "", fix_tests: str = "\n# a comment\n"
 ) -> Validation:
