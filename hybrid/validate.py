@@ -48,8 +48,15 @@ if TYPE_CHECKING:
     from hybrid.workstation.base import Backend, Workstation
 
 State = Literal["before", "tests", "fixed"]
-Failure = Literal["dependency", "service", "network", "flaky", "other"]
-FAILURES: tuple[Failure, ...] = ("dependency", "service", "network", "flaky", "other")
+Failure = Literal["dependency", "service", "network", "flaky", "passes_at_parent", "other"]
+FAILURES: tuple[Failure, ...] = (
+    "dependency",
+    "service",
+    "network",
+    "flaky",
+    "passes_at_parent",  # the commit's own tests do not catch its bug: the commit's, not ours
+    "other",
+)
 
 _TEST_DIRS = {"test", "tests", "testing", "__tests__", "spec", "specs"}
 _TEST_NAME = re.compile(
@@ -356,7 +363,7 @@ def _validate_in(
         if decided.outcomes and not _agree(rerun, decided):
             result.failure, result.reason = "flaky", f"{result.reason}; a second run disagreed"
         else:
-            result.failure = _classify(result, before, fixed) or "other"
+            result.failure = _classify(result, before, fixed) or result.failure or "other"
     result.seconds["tests"] = time.monotonic() - mark
 
 
@@ -384,6 +391,7 @@ def _judge(result: Validation, before: Run | None, tests: Run, fixed: Run) -> No
     elif tests.termination == "timeout" and not tests.outcomes:
         result.reason = "the commit's tests ran out of time before its source change"
     elif _already_pass(result, before, tests):
+        result.failure = "passes_at_parent"
         added = [t for t in fixed.outcomes if t not in (before.outcomes if before else {})]
         if added and all(fixed.outcomes[t] == "skipped" for t in added):
             # A test for another environment (structlog's "without Rich" case): the verdict is

@@ -53,7 +53,7 @@ def validate_cmd(
 
     Runs in a workstation at the parent with the dependencies installed offline. Exit 0 when it
     validates, 1 when it does not (with the failure class: dependency, service, network, flaky,
-    other). When today's packages cannot run its tests at all, it tries again with them as of
+    passes_at_parent, other). When today's packages cannot run its tests at all, it tries again with them as of
     the commit's date (--exclude-newer sets a date instead).
     """
     from hybrid.policy import SandboxSpec, enforce, for_workstation

@@ -147,7 +147,7 @@ def test_a_commit_whose_tests_already_pass_does_not_validate(
     result = _validate_on_top(engine, repo, parent_tests=failing if broken else "")
     assert not result.validated
     assert result.fail_to_pass == []
-    assert result.failure == "other"
+    assert result.failure == "passes_at_parent"
     assert "already pass" in result.reason
 
 
@@ -159,7 +159,7 @@ def test_new_tests_that_skip_here_say_so(engine, repo: Path) -> None:
         "def test_without_rich():\n    assert False\n"
     )
     result = _validate_on_top(engine, repo, fix_tests=skipped)
-    assert not result.validated and result.failure == "other"
+    assert not result.validated and result.failure == "passes_at_parent"
     assert result.reason.startswith("the commit's new tests are skipped here (1)"), result.reason
 
 
@@ -174,7 +174,7 @@ def test_test_ids_that_change_between_runs_are_not_flaky_or_fixed(engine, repo: 
     result = _validate_on_top(engine, repo, fix_tests=stamped)
     assert not result.validated
     assert result.fail_to_pass == []
-    assert result.failure == "other", result.reason
+    assert result.failure == "passes_at_parent", result.reason
     assert "already pass" in result.reason
 
 
