@@ -307,6 +307,12 @@ def table_of(records: list[dict[str, Any]]) -> None:
     print()
     for sample, (sampled, ok, _) in totals.items():
         print(f"{sample}: validated {ok}/{sampled} = {ok / sampled:.0%} (target >= 90% of >= 30)")
+    sampled = sum(t[0] for t in totals.values())
+    ok = sum(t[1] for t in totals.values())
+    caught = sampled - sum(t[2]["passes_at_parent"] for t in totals.values())
+    if sampled:
+        print(f"all: validated {ok}/{sampled} = {ok / sampled:.0%}; of the commits whose own tests")
+        print(f"  fail at their parent: {ok}/{caught} = {ok / max(caught, 1):.0%}")
     for record in records:
         if not record["validated"]:
             print(
