@@ -266,7 +266,7 @@ def validate(
     run = functools.partial(_attempt, repo, change, backend, image, deps, test_command, timeout)
     result = run(spec)
     policy = spec.deps or DepsPolicy()
-    if deps and policy.exclude_newer is None and _too_new(result):
+    if deps and policy.exclude_newer is None and _tools_too_new(result):
         # Today's tools refuse the project at this commit (a later pytest turns its tests into
         # collection errors, or nothing resolves): test it with the tools of its day instead.
         dated = policy.model_copy(update={"exclude_newer": change.date})
@@ -276,7 +276,7 @@ def validate(
     return result
 
 
-def _too_new(result: Validation) -> bool:
+def _tools_too_new(result: Validation) -> bool:
     """Whether a miss may be today's dependencies being too new for the commit."""
     return result.failure == "dependency" or result.reason.startswith("no test passes")
 

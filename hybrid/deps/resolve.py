@@ -52,8 +52,8 @@ def lock(
 ) -> Manifest:
     """The manifest of what ``declared`` resolves to for ``target``, downloaded into the store.
 
-    ``exclude_newer`` resolves as of that time: no release published after it is chosen (where
-    the index says when each was published). Kept per (inputs, target, time): an unchanged
+    ``exclude_newer`` resolves the packages the project names as of that time: none at a
+    release the index says was published after it. Kept per (inputs, target, time): an unchanged
     project is not resolved again (``refresh`` forces it).
     """
     saved = cache_dir("deps", "locks") / f"{_key(declared, target, exclude_newer)}.json"
@@ -276,10 +276,10 @@ def _write_constraints(path: Path, pins: list[str], bounds: dict[str, str]) -> N
     )
 
 
-def _unsatisfied_bound(stderr: str, bounds: dict[str, str]) -> str | None:
+def _unsatisfied_bound(output: str, bounds: dict[str, str]) -> str | None:
     """The bounded package pip names in a conflict (its bound leaves nothing it can install;
     pip explains a conflict on stdout)."""
-    for found in re.finditer(r"The user requested \(constraint\) ([A-Za-z0-9._-]+)", stderr):
+    for found in re.finditer(r"The user requested \(constraint\) ([A-Za-z0-9._-]+)", output):
         name = canonicalize_name(found.group(1))
         if bounds.get(name):
             return name
