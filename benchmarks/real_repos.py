@@ -164,11 +164,11 @@ def shared_layer(repo: Path, commit: str, image: str) -> str:
     import tempfile
 
     from hybrid import deps
-    from hybrid.validate import _export
+    from hybrid.validate import export
 
     with tempfile.TemporaryDirectory(prefix="hybrid-bench-") as work:
         checkout = Path(work) / "repo"
-        _export(repo, f"{commit}^", checkout)
+        export(repo, f"{commit}^", checkout)
         return deps.prepare(checkout, image=image).layer.ref
 
 

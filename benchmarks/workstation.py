@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -191,15 +189,9 @@ def run_host(venv: Path, checkout: Path, command: str) -> Sample:
 
 
 def export(repo: Path, into: Path) -> Path:
-    data = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", "HEAD"], capture_output=True, check=True
-    ).stdout
-    into.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    from hybrid.validate import _version_file
+    from hybrid.validate import export as export_tree
 
-    _version_file(into)
+    export_tree(repo, "HEAD", into)
     return into
 
 

@@ -303,7 +303,7 @@ def _attempt(
     )
     with tempfile.TemporaryDirectory(prefix="hybrid-validate-") as work:
         checkout = Path(work) / "repo"
-        _export(repo, change.parent, checkout)
+        export(repo, change.parent, checkout)
         mark = time.monotonic()
         try:
             if deps:
@@ -629,7 +629,7 @@ def _apply(
         ws.exec(["rm", "-f", "--", *gone])
 
 
-def _export(repo: Path, rev: str, into: Path) -> None:
+def export(repo: Path, rev: str, into: Path) -> None:
     """The tree of ``rev`` written to ``into``, plus the version file a build would generate."""
     into.mkdir(parents=True)
     archive = subprocess.run(
@@ -696,6 +696,7 @@ __all__ = [
     "Run",
     "Validation",
     "change_of",
+    "export",
     "is_test",
     "validate",
 ]
