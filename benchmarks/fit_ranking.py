@@ -40,7 +40,7 @@ from hybrid.context.history import recent_changes
 from hybrid.context.repomap import load_graph
 from hybrid.context.text import IDENT_RE, STOPWORDS
 
-RERANK_FILES = 8  # as rank_symbols: the best non-test files are reordered by symbols
+RERANK_FILES = S.RERANK_FILES  # as rerank_files: the best non-test files reordered
 SYMBOL_FILES = 16  # symbol scores are taken for more files, as a fitted ranking may pick them
 FITTED = (
     "W_BM25",
@@ -148,7 +148,7 @@ def _signals(repo: str, case: EvalCase, graph: Graph, worktree: Path) -> Case:
     for hit in S.score_symbols(signals):
         name = hit.definition.name
         halved = name.startswith("__") and name.endswith("__") and name not in signals.mentioned
-        rest = (hit.score / 0.5 if halved else hit.score) - S.W_FILE * file_part[hit.file]
+        rest = (hit.score / S.DUNDER if halved else hit.score) - S.W_FILE * file_part[hit.file]
         if symbol[hit.file] < 0:  # best first
             symbol[hit.file], dunder[hit.file] = rest, halved
     order = np.argsort(np.array(paths, dtype=object), kind="stable")
@@ -198,7 +198,7 @@ def first_gold(c: Case, p: dict[str, float]) -> int:
     best = np.where(
         c.symbol[top] >= 0, S.W_FILE * file_score + c.symbol[top], S.W_FILE * file_score
     )
-    best = np.where(c.dunder[top], 0.5 * best, best)
+    best = np.where(c.dunder[top], S.DUNDER * best, best)
     mixed = np.round(file_score + p["W_RERANK"] * best / (best.max() or 1.0), 12)
     ranked = np.concatenate(
         [top[np.lexsort((c.path_rank[top], -mixed))], order[~np.isin(order, top)]]

@@ -21,11 +21,12 @@ from hybrid.context.text import IDENT_RE, count_tokens
 
 FRAME_SHARE = 0.1  # a file's frame (all but its function bodies) costing at most this share
 SMALL_FILE_SHARE = 0.25  # a whole file costing at most this share of the budget goes in whole
-FIRST_FILE_SHARE = 0.6  # ... and the best symbol's file, up to this share: fixes spread out
+FIRST_FILE_SHARE = 0.84  # ... and the best symbol's file, up to this share: fixes spread out
 CLASS_MAX_TOKENS = 400  # a larger class is represented by its methods, not its whole body
 # A body's packing priority is its score less SIZE_PENALTY per doubling of its size above
-# SIZE_FLOOR tokens: a fix sits in one of many small bodies more often than in one big one.
-SIZE_PENALTY = 0.1
+# SIZE_FLOOR tokens. Fitted on fix commits (fit_symbols), no penalty does best: a big body
+# the task matches is where the fix is as often as a small one.
+SIZE_PENALTY = 0.0
 SIZE_FLOOR = 100
 _CONTAINERS = frozenset({"class", "interface", "module", "type"})
 _ELIDED = frozenset({"function", "method"})

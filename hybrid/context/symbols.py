@@ -32,18 +32,22 @@ from hybrid.context.text import IDENT_RE, ident_terms, name_terms
 from hybrid.errors import ContextError
 
 SIGNALS = ("name", "text", "graph", "tests", "history")
-CANDIDATE_FILES = 8
+# Symbols of this many of the best files compete for the bodies: a fix's file is often
+# ranked a little lower than the files the task's words match best.
+CANDIDATE_FILES = 12
+RERANK_FILES = 8  # ... of which this many are reordered by their symbols (as fitted)
 TEST_FILES = 6
 HISTORY_COMMITS = 30
 W_FILE = 1.0
-W_NAME = 0.8
+W_NAME = 0.96
 W_TEXT = 1.0
 W_GRAPH = 0.3
-W_TESTS = 0.3
+W_TESTS = 0.0  # test names calling a symbol did not help find the edit (fit_symbols)
 W_HISTORY = 0.2
 W_RERANK = 0.6  # weight of a file's best symbol when the top files are reordered
-K1 = 1.2
+K1 = 1.44
 B = 0.75
+DUNDER = 1.0  # weight of a __dunder__ the task does not name (halving them hurt)
 _BODY_KINDS = frozenset({"function", "method", "class", "constant", "macro", "type", "interface"})
 _CONTAINER_KINDS = frozenset({"class", "interface", "module", "type"})
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", re.M)
@@ -164,6 +168,9 @@ class Signals:
     tests: list[float]
     history: list[float]
     mentioned: dict[str, float]
+    # what the text signal is made of, so a fit can weigh it again (benchmarks/fit_symbols)
+    lengths: list[int] = field(default_factory=list)  # terms in each body
+    terms: list[Counter[str]] = field(default_factory=list)  # task terms in each body
 
 
 def symbol_signals(
@@ -243,6 +250,8 @@ def symbol_signals(
         tests=[0.0] * n,
         history=[0.0] * n,
         mentioned=dict(mentioned),
+        lengths=[c[2] for c in raw],
+        terms=[c[3] for c in raw],
     )
     if not raw:
         return out
@@ -320,7 +329,7 @@ def score_symbols(signals: Signals, weights: Weights = Weights()) -> list[Symbol
         history_bonus = weights.history * signals.history[k]
         score = base[k] + graph_bonus + test_bonus + history_bonus
         if d.name.startswith("__") and d.name.endswith("__") and d.name not in mentioned:
-            score *= 0.5
+            score *= DUNDER
         why = []
         if signals.name[k]:
             why.append("named in the task" if d.name in mentioned else "name shares task words")
@@ -346,6 +355,8 @@ def rank_symbols(
     ablate: frozenset[str] = frozenset(),
 ) -> list[SymbolHit]:
     """Definitions of the best non-test files (or of ``files``), best first."""
+    if not W_TESTS:
+        ablate |= {"tests"}  # no weight: not worth reading the test files
     return score_symbols(symbol_signals(graph, ranking, root, files=files, ablate=ablate))
 
 
@@ -358,7 +369,7 @@ def rerank_files(graph: Graph, ranking: Ranking, hits: list[SymbolHit]) -> Ranki
     best: dict[int, float] = {}
     for h in hits:
         best.setdefault(h.file, h.score)  # hits are best first
-    top = [i for i in ranking.order if i in best]
+    top = [i for i in ranking.order if i in best][:RERANK_FILES]
     top_file = max(float(ranking.score[i]) for i in top) or 1.0
     top_hit = max(best.values()) or 1.0
 

@@ -302,7 +302,10 @@ def test_graph_keys_definitions_by_qualified_name_and_resolves_references(
     assert "Adapter.send" not in referenced("pkg/sessions.py")  # its own send_all's caller
 
 
-def test_packing_prefers_several_small_bodies_to_one_big_one() -> None:
+def test_packing_order_follows_scores_unless_size_is_penalized(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hybrid.context import bodies
     from hybrid.context.bodies import packing_order
     from hybrid.context.symbols import SymbolHit
 
@@ -310,6 +313,9 @@ def test_packing_prefers_several_small_bodies_to_one_big_one() -> None:
         return SymbolHit(0, "a.py", Definition(name, "function", 1, 2, f"def {name}()"), score)
 
     big, small, smaller = hit("big", 2.0), hit("small", 1.95), hit("smaller", 1.9)
+    # the fitted default: no size penalty, a big body the task matches best goes first
+    assert packing_order([big, small, smaller], [3000, 80, 120]) == [big, small, smaller]
+    monkeypatch.setattr(bodies, "SIZE_PENALTY", 0.1)
     assert packing_order([big, small, smaller], [3000, 80, 120]) == [small, smaller, big]
     # equal sizes keep the score order
     assert packing_order([big, small, smaller], [90, 90, 90]) == [big, small, smaller]
