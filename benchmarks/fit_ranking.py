@@ -23,6 +23,7 @@ import argparse
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -93,23 +94,29 @@ def _norm(v: np.ndarray) -> np.ndarray:
     return v / top if top > 0 else v
 
 
-def extract(repo: Path, skip: int, limit: int, cache: TagCache) -> list[Case]:
+def at_parents(
+    repo: Path, skip: int, limit: int, cache: TagCache
+) -> Iterator[tuple[EvalCase, Graph, Path]]:
+    """Each fix commit mined after the newest ``skip``, with the graph of its parent and a
+    worktree checked out there (removed afterwards)."""
     cases = mine_cases(repo, limit, skip=skip)
     if not cases:
-        return []
+        return
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-fit-"))
     worktree = tmp / "wt"
-    out: list[Case] = []
     git_checked(repo, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent)
     try:
         for case in cases:
             git_checked(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
-            out.append(_signals(repo.name, case, load_graph(worktree, cache=cache), worktree))
+            yield case, load_graph(worktree, cache=cache), worktree
     finally:
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)])
         subprocess.run(["git", "-C", str(repo), "worktree", "prune"])
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
+
+
+def extract(repo: Path, skip: int, limit: int, cache: TagCache) -> list[Case]:
+    return [_signals(repo.name, *found) for found in at_parents(repo, skip, limit, cache)]
 
 
 def _signals(repo: str, case: EvalCase, graph: Graph, worktree: Path) -> Case:

@@ -24,27 +24,24 @@ from __future__ import annotations
 
 import argparse
 import pickle
-import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
+from fit_ranking import at_parents  # the sibling script, beside this one
 
 from hybrid.context import bodies as P
 from hybrid.context import pack as K
 from hybrid.context import symbols as S
 from hybrid.context.bodies import BodyPacker, frame_lines
 from hybrid.context.cache import TagCache
-from hybrid.context.evaluation import EvalCase, covered_hunks, fix_hunks, mine_cases, source_hunks
-from hybrid.context.git import git_checked
+from hybrid.context.evaluation import EvalCase, covered_hunks, fix_hunks, source_hunks
 from hybrid.context.graph import Graph
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes
 from hybrid.context.ranking import rank
-from hybrid.context.repomap import load_graph
 from hybrid.context.tags import Definition
 from hybrid.context.text import count_tokens, name_terms
 
@@ -134,24 +131,8 @@ def current() -> dict[str, float]:
 
 
 def extract(repo: Path, skip: int, limit: int, cache: TagCache) -> list[Case]:
-    cases = mine_cases(repo, limit, skip=skip)
-    if not cases:
-        return []
-    tmp = Path(tempfile.mkdtemp(prefix="hybrid-fitsym-"))
-    worktree = tmp / "wt"
-    out: list[Case] = []
-    git_checked(repo, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent)
-    try:
-        for case in cases:
-            git_checked(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
-            got = _case(repo, case, load_graph(worktree, cache=cache), worktree)
-            if got is not None:
-                out.append(got)
-    finally:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)])
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"])
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    found = (_case(repo, *at) for at in at_parents(repo, skip, limit, cache))
+    return [case for case in found if case is not None]
 
 
 def _file(path: str, lines: list[str], defs: list[Definition]) -> File:
