@@ -23,7 +23,7 @@ import argparse
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -238,22 +238,33 @@ def halves(cases: list[Case]) -> list[list[Case]]:
     ]
 
 
-def ascend(cases: list[Case], start: dict[str, float], sweeps: int = 4) -> dict[str, float]:
-    parts = halves(cases)
+def _trials(key: str, v: float) -> set[float]:
+    trials = {round(v * f, 4) for f in (0, 0.5, 0.7, 0.85, 1.2, 1.4, 2.0)}
+    if v == 0:
+        trials |= {0.1, 0.2, 0.4, 0.8}
+    if key.endswith("FACTOR"):
+        trials = {t for t in trials if t <= 1.0} | {1.0}
+    return trials
+
+
+def climb(
+    start: dict[str, float],
+    keys: tuple[str, ...],
+    trials: Callable[[str, float], set[float]],
+    score: Callable[[dict[str, float]], list[float]],
+    sweeps: int,
+) -> dict[str, float]:
+    """Coordinate ascent from ``start``: a step is kept only when it helps every part that
+    ``score`` scores (the halves of two splits), so no half pays for another's gain."""
     point = dict(start)
-    now = [objective(metrics(h, point)) for h in parts]
+    now = score(point)
     for _ in range(sweeps):
         moved = False
-        for key in FITTED:
+        for key in keys:
             v = point[key]
-            trials = {round(v * f, 4) for f in (0, 0.5, 0.7, 0.85, 1.2, 1.4, 2.0)}
-            if v == 0:
-                trials |= {0.1, 0.2, 0.4, 0.8}
-            if key.endswith("FACTOR"):
-                trials = {t for t in trials if t <= 1.0} | {1.0}
             best: tuple[float, float, list[float]] | None = None
-            for t in sorted(trials - {v}):
-                got = [objective(metrics(h, {**point, key: t})) for h in parts]
+            for t in sorted(trials(key, v) - {v}):
+                got = score({**point, key: t})
                 gain = [a - b for a, b in zip(got, now, strict=True)]
                 if min(gain) >= 0 and sum(gain) > 0.004 and (best is None or sum(gain) > best[0]):
                     best = (sum(gain), t, got)
@@ -263,6 +274,13 @@ def ascend(cases: list[Case], start: dict[str, float], sweeps: int = 4) -> dict[
         if not moved:
             break
     return point
+
+
+def ascend(cases: list[Case], start: dict[str, float], sweeps: int = 4) -> dict[str, float]:
+    parts = halves(cases)
+    return climb(
+        start, FITTED, _trials, lambda p: [objective(metrics(h, p)) for h in parts], sweeps
+    )
 
 
 def main() -> None:

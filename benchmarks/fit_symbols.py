@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from fit_ranking import at_parents  # the sibling script, beside this one
+from fit_ranking import at_parents, climb  # the sibling script, beside this one
 
 from hybrid.context import bodies as P
 from hybrid.context import pack as K
@@ -484,25 +484,7 @@ def _trials(key: str, v: float) -> set[float]:
 
 
 def ascend(cases: list[Case], start: dict[str, float], sweeps: int = 3) -> dict[str, float]:
-    parts = halves(cases)
-    point = dict(start)
-    now = _objectives(cases, parts, point)
-    for _ in range(sweeps):
-        moved = False
-        for key in FITTED:
-            v = point[key]
-            best: tuple[float, float, list[float]] | None = None
-            for t in sorted(_trials(key, v) - {v}):
-                got = _objectives(cases, parts, {**point, key: t})
-                gain = [a - b for a, b in zip(got, now, strict=True)]
-                if min(gain) >= 0 and sum(gain) > 0.004 and (best is None or sum(gain) > best[0]):
-                    best = (sum(gain), t, got)
-            if best is not None:
-                print(f"  {key}: {v} -> {best[1]} (gain {best[0]:.4f})", flush=True)
-                point[key], now, moved = best[1], best[2], True
-        if not moved:
-            break
-    return point
+    return climb(start, FITTED, _trials, partial(_objectives, cases, halves(cases)), sweeps)
 
 
 def _check(cases: list[Case], start: dict[str, float]) -> None:
