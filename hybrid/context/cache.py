@@ -22,7 +22,7 @@ from hybrid.context.tags import Payload
 from hybrid.errors import ContextError
 from hybrid.paths import cache_dir
 
-SCHEMA = 15
+SCHEMA = 16
 _VERSION = f"v{SCHEMA}-py{sys.version_info[0]}{sys.version_info[1]}"
 _BATCH = 900  # stay under SQLite's host-parameter limit
 

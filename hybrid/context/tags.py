@@ -60,6 +60,7 @@ _MAX_SIGNATURE = 2000
 _MAX_DOC_CHARS = 4000
 _TIGHT_OPEN = re.compile(r"([(\[]) ")
 _TIGHT_CLOSE = re.compile(r",? ([)\]])")
+_TIGHT_COMMA = re.compile(r" ,")  # where a comment before a comma was cut
 # Nodes that open a named scope, and the field holding the name.
 _SCOPES: dict[str, str] = {
     "class_definition": "name",  # python
@@ -214,16 +215,36 @@ def _signature(node: Node, source: bytes) -> str:
         value = node.child_by_field_name("value")
         body = value.child_by_field_name("body") if value is not None else None
     if body is not None and body.start_byte > node.start_byte:
-        raw = source[node.start_byte : body.start_byte]
+        raw = _without_comments(node, body, source)
     else:
         end = source.find(b"\n", node.start_byte, node.end_byte)
         raw = source[node.start_byte : end if end != -1 else node.end_byte]
     text = " ".join(raw.decode("utf-8", "replace").split())
     text = _TIGHT_OPEN.sub(r"\1", _TIGHT_CLOSE.sub(r"\1", text))  # "f( a, )" -> "f(a)"
+    text = _TIGHT_COMMA.sub(",", text)
     text = text.rstrip("{").rstrip()
     if len(text) > _MAX_SIGNATURE:
         text = text[: _MAX_SIGNATURE - 3] + "..."
     return text
+
+
+def _without_comments(node: Node, body: Node, source: bytes) -> bytes:
+    """The text from ``node`` to its body, without the comments in between (a `# noqa` after the
+    colon, the `#:` attribute notes before a Python body's first statement)."""
+    comments = []
+    stack = [child for child in node.children if child.start_byte < body.start_byte]
+    while stack:
+        child = stack.pop()
+        if "comment" in child.type:
+            comments.append((child.start_byte, min(child.end_byte, body.start_byte)))
+        else:
+            stack.extend(c for c in child.children if c.start_byte < body.start_byte)
+    kept, at = [], node.start_byte
+    for start, end in sorted(comments):
+        kept.append(source[at:start])
+        at = max(at, end)
+    kept.append(source[at : body.start_byte])
+    return b"".join(kept)
 
 
 def qualified_signature(d: Definition) -> str:

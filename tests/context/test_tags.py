@@ -145,6 +145,30 @@ def test_signatures_and_lines() -> None:
     assert (greet.line, greet.end_line) == (7, 8)
 
 
+@pytest.mark.parametrize(
+    ("lang", "source", "signature"),
+    [
+        # requests' Session.__init__: the `#:` notes before the first statement.
+        (
+            "python",
+            "class S:\n    def __init__(self) -> None:\n        #: headers sent\n"
+            "        #: on each request\n        self.headers = {}\n",
+            "def __init__(self) -> None:",
+        ),
+        ("python", "def bypass(host: str) -> bool:  # noqa\n    return True\n", None),
+        ("python", "def f(a,  # the first\n      b):\n    pass\n", "def f(a, b):"),
+        ("rust", "fn main(a: u32 /* the a */, b: u32) -> u32 { a }\n", None),
+        ("go", "func Run(a int, // first\n\tb int) error {\n\treturn nil\n}\n", None),
+    ],
+)
+def test_signatures_leave_comments_out(lang: str, source: str, signature: str | None) -> None:
+    defs = extract(source.encode(), lang).defs
+    shown = [d[4] for d in defs]
+    assert not any(mark in s for s in shown for mark in ("#", "//", "/*")), shown
+    if signature is not None:
+        assert signature in shown
+
+
 def test_language_detection() -> None:
     assert language_for("a/b.py") == "python"
     assert language_for("x.tsx") == "tsx"
