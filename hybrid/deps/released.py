@@ -82,7 +82,7 @@ def published(names: list[str]) -> dict[str, dict[Version, datetime]]:
                 version = _version(filename)
                 if version is None:
                     continue
-                at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+                at = datetime.fromisoformat(when)
                 releases[version] = min(at, releases.get(version, at))
             _known[name] = releases
     return {canonicalize_name(n): _known[canonicalize_name(n)] for n in names}
