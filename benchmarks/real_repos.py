@@ -279,6 +279,7 @@ def main() -> None:
         records = [json.loads(line) for line in args.json.read_text().splitlines()]
     done = {r["commit"] for r in records}
     mined: set[str] = set()
+    projects: set[str] = set()  # the projects mined this run
     out = args.json.open("a") if args.json else None
     for project in PROJECTS:
         if args.only and project.name not in args.only:
@@ -289,6 +290,7 @@ def main() -> None:
             continue
         commits = mine(repo, project, args.per_project)
         mined.update(commits)
+        projects.add(project.name)
         node = project.github == "tj/commander.js"
         base = profile_tag("node") if node else BASE_IMAGE
         # One installed environment per project, from the newest sampled commit's parent; a
@@ -296,7 +298,8 @@ def main() -> None:
         # test tools: the shared environment is a speed-up and must not change a verdict).
         shared = None
         try:
-            shared = shared_layer(repo, commits[0], base) if commits else None
+            todo = [c for c in commits if c not in done]
+            shared = shared_layer(repo, commits[0], base) if todo else None
         except HybridError as exc:  # each commit then tries its own, and says why
             print(f"{project.name}: no shared layer: {str(exc)[:200]}", file=sys.stderr)
         seconds = []
@@ -335,8 +338,14 @@ def main() -> None:
                 out.write(json.dumps(record) + "\n")
                 out.flush()
 
-    # A resumed file can hold commits that today's mining rules no longer pick.
-    table_of([r for r in records if r["commit"] in mined])
+    # A resumed file can hold commits that today's mining rules no longer pick: they leave it.
+    records = [r for r in records if r["commit"] in mined or r["project"] not in projects]
+    if out:
+        out.close()
+        kept = args.json.with_suffix(".tmp")
+        kept.write_text("".join(json.dumps(r) + "\n" for r in records))
+        kept.replace(args.json)
+    table_of(records)
 
 
 def table_of(records: list[dict[str, Any]]) -> None:
@@ -378,13 +387,13 @@ def table_of(records: list[dict[str, Any]]) -> None:
         print("| " + " | ".join([*cells, ""]) + " |")
     print()
     for sample, (sampled, ok, _) in totals.items():
-        print(f"{sample}: validated {ok}/{sampled} = {ok / sampled:.0%} (target >= 90% of >= 30)")
+        print(f"{sample}: validated {ok}/{sampled} = {ok / sampled:.1%} (target >= 90% of >= 30)")
     sampled = sum(t[0] for t in totals.values())
     ok = sum(t[1] for t in totals.values())
     caught = sampled - sum(t[2]["passes_at_parent"] for t in totals.values())
     if sampled:
-        print(f"all: validated {ok}/{sampled} = {ok / sampled:.0%}; of the commits whose own tests")
-        print(f"  fail at their parent: {ok}/{caught} = {ok / max(caught, 1):.0%}")
+        print(f"all: validated {ok}/{sampled} = {ok / sampled:.1%}; of the commits whose own tests")
+        print(f"  fail at their parent: {ok}/{caught} = {ok / max(caught, 1):.1%}")
     for record in records:
         if not record["validated"]:
             print(
