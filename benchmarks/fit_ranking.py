@@ -5,7 +5,8 @@
 For each repository, the fix commits that ``hybrid context eval`` would mine are taken
 after the newest ``--skip`` (those are the benchmark; keep them out of the fit). At each
 commit's parent the per-file signals are computed once (BM25, full-text hits, PageRank,
-mentioned paths and file names, directories, history, test and auxiliary files, and each
+mentioned paths and file names, directories, history, similar past commits, test and
+auxiliary files, and each
 candidate file's best symbol score); the fused score and the symbol rerank are then
 recomputed for every trial point in numpy, so a search costs seconds, not a pipeline run
 per point. The script checks that its recomputation reproduces ``rank`` at the current
@@ -37,7 +38,7 @@ from hybrid.context.evaluation import EvalCase, mine_cases
 from hybrid.context.git import git_checked
 from hybrid.context.graph import Graph
 from hybrid.context.grep import grep_words
-from hybrid.context.history import recent_changes
+from hybrid.context.history import recent_changes, similar_changes
 from hybrid.context.repomap import load_graph
 from hybrid.context.text import IDENT_RE, STOPWORDS
 
@@ -52,6 +53,7 @@ FITTED = (
     "W_DIR",
     "W_DIR_LEAD",
     "W_HISTORY",
+    "W_SIMILAR",
     "GREP_WEIGHT",
     "TEST_FACTOR",
     "AUX_FACTOR",
@@ -76,6 +78,7 @@ class Case:
     dir_share: np.ndarray
     dir_lead: np.ndarray
     history: np.ndarray  # normalized
+    similar: np.ndarray  # votes of past commits like the task (normalized)
     tests: np.ndarray
     aux: np.ndarray
     symbol: np.ndarray  # best symbol score without its file part (-1: none)
@@ -124,7 +127,8 @@ def _signals(repo: str, case: EvalCase, graph: Graph, worktree: Path) -> Case:
     n = len(paths)
     history = recent_changes(worktree)
     grep = partial(grep_words, worktree)
-    ranking = R.rank(graph, case.task, "fused", history, grep)
+    similar = similar_changes(worktree, case.task)
+    ranking = R.rank(graph, case.task, "fused", history, grep, similar)
     info = ranking.task
     saved = R.STEM_WORD, R.STEM_LEAD
     R.STEM_WORD = R.STEM_LEAD = 0.0
@@ -175,6 +179,7 @@ def _signals(repo: str, case: EvalCase, graph: Graph, worktree: Path) -> Case:
         dir_share=R.directory_bonus(paths, info, 1.0, 0.0),
         dir_lead=R.directory_bonus(paths, info, 0.0, 1.0),
         history=_norm(np.log1p(np.array([history.get(p, 0.0) for p in paths]))),
+        similar=_norm(np.array([similar.get(p, 0.0) for p in paths])),
         tests=tests,
         aux=np.array([p.split("/", 1)[0].lower() in R._AUX_DIRS for p in paths]),
         symbol=symbol,
@@ -191,7 +196,7 @@ def fused(c: Case, p: dict[str, float]) -> np.ndarray:
     )
     s = p["W_BM25"] * lexical + p["W_GRAPH"] * c.graph + p["W_PATH"] * mentioned
     s = s + p["W_DIR"] * c.dir_share + p["W_DIR_LEAD"] * c.dir_lead
-    s = s + p["W_HISTORY"] * c.history
+    s = s + p["W_HISTORY"] * c.history + p["W_SIMILAR"] * c.similar
     s = np.where(c.tests, s * p["TEST_FACTOR"], s)
     return np.where(c.aux, s * p["AUX_FACTOR"], s)
 

@@ -40,7 +40,7 @@ from hybrid.context.cache import TagCache
 from hybrid.context.evaluation import EvalCase, covered_hunks, fix_hunks, source_hunks
 from hybrid.context.graph import Graph
 from hybrid.context.grep import grep_words
-from hybrid.context.history import recent_changes
+from hybrid.context.history import recent_changes, similar_changes
 from hybrid.context.ranking import rank
 from hybrid.context.tags import Definition
 from hybrid.context.text import count_tokens, name_terms
@@ -156,9 +156,8 @@ def _case(repo: Path, case: EvalCase, graph: Graph, worktree: Path) -> Case | No
     if not hunks:
         return None  # not scored by the eval either
     paths = graph.paths
-    ranking = rank(
-        graph, case.task, "fused", recent_changes(worktree), partial(grep_words, worktree)
-    )
+    history, similar = recent_changes(worktree), similar_changes(worktree, case.task)
+    ranking = rank(graph, case.task, "fused", history, partial(grep_words, worktree), similar)
     top = [i for i in ranking.order if not graph.tests[i]]
     sig = S.symbol_signals(graph, ranking, worktree, files=top[:MAX_FILES])
     # the default candidate set's own run: its history signal (the last commits touching

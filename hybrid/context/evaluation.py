@@ -32,7 +32,7 @@ from hybrid.context.cache import TagCache
 from hybrid.context.git import git_checked
 from hybrid.context.graph import Graph
 from hybrid.context.grep import grep_words
-from hybrid.context.history import recent_changes
+from hybrid.context.history import recent_changes, similar_changes
 from hybrid.context.languages import EXTENSIONS
 from hybrid.context.pack import ContextPack
 from hybrid.context.resolve import is_test_path, test_spans
@@ -313,13 +313,14 @@ def evaluate(
             git_checked(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
             graph = load_graph(worktree, cache=cache)
             history = recent_changes(worktree)  # the parent's own past: no leakage
+            similar = similar_changes(worktree, case.task)
             grep = partial(grep_words, worktree)
             ranks: dict[str, int] = {}
             top: list[str] = []
             hunks = source_hunks(graph, fix_hunks(repo_path, case))
             covered: dict[str, dict[int, int]] = {}
             for mode in MODES:
-                ranking = rank(graph, case.task, mode, history, grep)  # type: ignore[arg-type]
+                ranking = rank(graph, case.task, mode, history, grep, similar)  # type: ignore[arg-type]
                 ranks[mode] = _first_gold(graph, ranking.order, case.gold)
                 if mode == "fused":
                     top = [graph.paths[i] for i in ranking.order[:5]]

@@ -18,7 +18,7 @@ from hybrid.context.bodies import BodyPacker
 from hybrid.context.cache import TagCache
 from hybrid.context.graph import Graph, importers
 from hybrid.context.grep import grep_words
-from hybrid.context.history import recent_changes
+from hybrid.context.history import recent_changes, similar_changes
 from hybrid.context.index import Progress, RepoIndex
 from hybrid.context.ranking import Mode, Ranking, rank
 from hybrid.context.repomap import load_graph, render_map
@@ -149,7 +149,8 @@ def context_pack(
         raise ContextError("the token budget must be at least 64")
     root_path = Path(root)
     graph = load_graph(root_path, cache=cache, progress=progress)
-    ranking = rank(graph, task, mode, recent_changes(root_path), partial(grep_words, root_path))
+    history, similar = recent_changes(root_path), similar_changes(root_path, task)
+    ranking = rank(graph, task, mode, history, partial(grep_words, root_path), similar)
     return fill_pack(graph, ranking, root_path, task, tokens)
 
 

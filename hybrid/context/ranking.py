@@ -7,7 +7,8 @@ Two signals, fused:
   mentions (identifiers that the repo defines, paths, module names) and from the best
   lexical hits, so the mass flows to the code those files use and are used by;
 
-plus bonuses for paths and directories the task names, and for recent changes. The
+plus bonuses for paths and directories the task names, for recent changes, and for the
+files that past commits with messages like the task touched. The
 constants were fitted on older fix commits of the training repositories
 (``benchmarks/fit_ranking.py``), never on the repositories the figures are reported on.
 
@@ -45,6 +46,7 @@ STEM_WORD = 0.3  # a task word equal to a file's name
 STEM_LEAD = 0.6  # ... when it is the "area:" prefix of the task
 AUX_FACTOR = 0.5  # docs, examples, scripts: rarely where a fix goes
 W_HISTORY = 0.3  # files changed in recent commits
+W_SIMILAR = 0.4  # files changed by past commits whose messages resemble the task
 GREP_WEIGHT = 1.0  # full-text hits of out-of-vocabulary task words, relative to BM25
 W_PRIOR = 0.0  # global importance (PageRank with a uniform teleport)
 W_DIR = 0.4  # share of a file's directories that task words name (crates/searcher/...)
@@ -270,13 +272,16 @@ def rank(
     mode: Mode = "fused",
     history: dict[str, float] | None = None,
     grep: Callable[[list[str]], dict[str, dict[str, int]]] | None = None,
+    similar: dict[str, float] | None = None,
 ) -> Ranking:
     """Rank files for ``task``; ``mode`` selects the fused score or one signal alone.
 
     ``history`` (path -> recency-weighted change count, see ``recent_changes``) adds a
     prior for files the project has been changing lately; only the fused mode uses it.
     ``grep`` (e.g. ``partial(grep_words, root)``) finds task words that the index does not
-    hold in the files' full text; they count as lexical evidence.
+    hold in the files' full text; they count as lexical evidence. ``similar`` (path ->
+    votes of past commits whose messages resemble the task, see ``similar_changes``) adds
+    the files those commits touched; only the fused mode uses it.
     """
     paths = graph.paths
     n = len(paths)
@@ -331,6 +336,9 @@ def rank(
     if task and mode == "fused" and history and W_HISTORY:
         recent = np.array([history.get(p, 0.0) for p in paths])
         score = score + W_HISTORY * _normalized(np.log1p(recent))
+    if task and mode == "fused" and similar and W_SIMILAR:
+        votes = np.array([similar.get(p, 0.0) for p in paths])
+        score = score + W_SIMILAR * _normalized(votes)
     if task:
         score = np.where(tests, score * TEST_FACTOR, score)
         aux = np.array([p.split("/", 1)[0].lower() in _AUX_DIRS for p in paths], dtype=bool)

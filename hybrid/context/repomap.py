@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from hybrid.context.cache import TagCache
 from hybrid.context.graph import Graph, build_graph, patch_graph
 from hybrid.context.grep import grep_words
-from hybrid.context.history import recent_changes
+from hybrid.context.history import recent_changes, similar_changes
 from hybrid.context.index import Progress, RepoIndex, build_index, gc_paused
 from hybrid.context.tags import qualified_signature
 from hybrid.context.text import count_tokens
@@ -252,7 +252,8 @@ def repo_map(
     graph = load_graph(root, cache=cache, index=index)
     history = recent_changes(root) if task else None
     grep = partial(grep_words, root) if task else None
-    ranking = rank(graph, task, mode, history, grep)
+    similar = similar_changes(root, task) if task else None
+    ranking = rank(graph, task, mode, history, grep, similar)
     hits = rank_symbols(graph, ranking, root) if task else None
     if hits:
         ranking = rerank_files(graph, ranking, hits)
