@@ -31,7 +31,7 @@ RUN = {"python", "sh", "bash", "toml"}
 # example is one), and gate/solve exit 1 for a blocked patch.
 FOUND_PROBLEMS = ("hybrid check ", "hybrid gate ")
 # Workstation and snapshot names the README uses: suffixed per run on the shared engine.
-NAMES = ("demo", "try2", "warm")
+NAMES = ("demo", "try2", "warm", "pgdemo")
 # Lines that touch what other runs on the same engine own: reaping every dead client's leftovers.
 NOT_RUN = {"hybrid ws gc": "reaps every dead client's leftovers on a shared engine"}
 
