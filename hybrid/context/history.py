@@ -58,23 +58,30 @@ class _Commit(NamedTuple):
     files: tuple[str, ...]  # touched under the root, relative to it
 
 
+class _Log(NamedTuple):
+    commits: list[_Commit]  # newest first
+    postings: dict[str, list[int]]  # term -> the commits whose messages have it
+    avg: float  # mean terms per message
+
+
 # (root, HEAD, commits) -> its past commits: a resident server answers the next task at the
 # same HEAD without reading the log again
-_PAST: dict[tuple[str, str, int], list[_Commit]] = {}
+_PAST: dict[tuple[str, str, int], _Log] = {}
 _PAST_KEPT = 2
+_EMPTY = _Log([], {}, 1.0)
 
 
-def _past(root: str | Path, commits: int) -> list[_Commit]:
+def _past(root: str | Path, commits: int) -> _Log:
     """The last ``commits`` non-merge commits up to HEAD, newest first. Empty outside a git
     repository (or before its first commit)."""
     where = git_text(root, "rev-parse", "--show-prefix", "HEAD", timeout=30)
     if where is None:
-        return []
+        return _EMPTY
     prefix, _, head = where.partition("\n")
     key = (str(Path(root).resolve()), head.strip(), commits)
-    found = _PAST.get(key)
-    if found is not None:
-        return found
+    log = _PAST.get(key)
+    if log is not None:
+        return log
     out = git_text(
         root,
         "log",
@@ -85,7 +92,7 @@ def _past(root: str | Path, commits: int) -> list[_Commit]:
         "--format=%x00%H%x01%B%x01",
         timeout=60,
     )
-    found = []
+    found: list[_Commit] = []
     for record in (out or "").split("\x00")[1:]:
         sha, _, rest = record.partition("\x01")
         message, _, names = rest.partition("\x01")
@@ -96,42 +103,58 @@ def _past(root: str | Path, commits: int) -> list[_Commit]:
             if name and name.startswith(prefix)
         )
         found.append(_Commit(sha, Counter(words), len(words), files))
+    postings: dict[str, list[int]] = {}
+    for k, c in enumerate(found):
+        for t in c.words:
+            postings.setdefault(t, []).append(k)
+    log = _Log(found, postings, sum(c.length for c in found) / (len(found) or 1) or 1.0)
     if out is not None:
         while len(_PAST) >= _PAST_KEPT:
             del _PAST[next(iter(_PAST))]
-        _PAST[key] = found
-    return found
+        _PAST[key] = log
+    return log
 
 
 def similar_changes(
     root: str | Path, task: str, commits: int = SIMILAR_COMMITS
 ) -> dict[str, float]:
     """Path -> votes of the ``SIMILAR_TOP`` of the last ``commits`` commits whose messages
-    are most like ``task`` (BM25; the newer first among equals): each commit's score,
-    shared among the files it touched."""
-    query = set(terms(task))
-    if not query:
-        return {}
-    past = _past(root, commits)
-    n = len(past)
-    if not n:
-        return {}
-    df: Counter[str] = Counter()
-    for c in past:
-        df.update(t for t in c.words if t in query)
-    idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in df}
-    avg = sum(c.length for c in past) / n or 1.0
-    scored: list[tuple[float, int, tuple[str, ...]]] = []
-    for age, c in enumerate(past):
-        matched = sorted(t for t in c.words if t in query)
-        if not matched or not c.files or len(c.files) > SIMILAR_MAX_FILES:
-            continue
-        norm = K1 * (1 - B + B * c.length / avg)
-        tf = c.words
-        score = sum(idf[t] * tf[t] * (K1 + 1) / (tf[t] + norm) for t in matched)
-        scored.append((-score, age, c.files))
+    are most like ``task`` (``similar_commits``): each commit's score, shared among the
+    files it touched."""
     votes: dict[str, float] = {}
-    for neg, _age, files in sorted(scored, key=lambda s: s[:2])[:SIMILAR_TOP]:
+    for _sha, score, files in similar_commits(root, set(terms(task)), commits):
         for name in files:
-            votes[name] = votes.get(name, 0.0) - neg / len(files)
+            votes[name] = votes.get(name, 0.0) + score / len(files)
     return votes
+
+
+def similar_commits(
+    root: str | Path, query: set[str], commits: int = SIMILAR_COMMITS
+) -> list[tuple[str, float, tuple[str, ...]]]:
+    """The ``SIMILAR_TOP`` of the last ``commits`` commits whose messages are most like the
+    task's terms ``query`` (BM25; the newer first among equals), best first: (commit,
+    score, files touched). Commits touching more than ``SIMILAR_MAX_FILES`` are left out."""
+    if not query:
+        return []
+    log = _past(root, commits)
+    past = log.commits
+    n = len(past)
+    matched: dict[int, list[str]] = {}
+    idf: dict[str, float] = {}
+    for t in sorted(query):
+        having = log.postings.get(t, [])
+        if having:
+            idf[t] = math.log(1 + (n - len(having) + 0.5) / (len(having) + 0.5))
+        for age in having:
+            matched.setdefault(age, []).append(t)
+    scored: list[tuple[float, int]] = []
+    for age, words in sorted(matched.items()):
+        c = past[age]
+        if not c.files or len(c.files) > SIMILAR_MAX_FILES:
+            continue
+        norm = K1 * (1 - B + B * c.length / log.avg)
+        tf = c.words
+        score = sum(idf[t] * tf[t] * (K1 + 1) / (tf[t] + norm) for t in words)
+        scored.append((-score, age))
+    best = sorted(scored)[:SIMILAR_TOP]
+    return [(past[age].sha, -neg, past[age].files) for neg, age in best]
