@@ -484,7 +484,10 @@ class _Runner:
             runner = cls(command or _node_command(checkout), (".js", ".cjs", ".mjs", ".ts"))
         else:
             # python3: a project with nothing to install has no venv, and the image has no `python`.
-            runner = cls(command or "python3 -m pytest -p no:cacheprovider -q --color=no", (".py",))
+            # The cache goes to /tmp, emptied before each run: a plugin may need it (werkzeug's
+            # pytest-xprocess), and it never reaches the workspace's diff or the next state.
+            default = "python3 -m pytest -o cache_dir=/tmp/.pytest_cache -q --color=no"
+            runner = cls(command or default, (".py",))
         runner.timeout = timeout
         return runner
 

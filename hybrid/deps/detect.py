@@ -139,6 +139,16 @@ class _Reader:
             self.own.append((spec, "pyproject.toml"))
         for extra, specs in (project.get("optional-dependencies") or {}).items():
             self.extras[canonicalize_name(extra)] = [(s, "pyproject.toml") for s in _strings(specs)]
+        points = self.declared.entry_points
+        for group, table in (
+            ("console_scripts", project.get("scripts")),
+            ("gui_scripts", project.get("gui-scripts")),
+            ("console_scripts", poetry.get("scripts")),
+            *((str(g), t) for g, t in (project.get("entry-points") or {}).items()),
+        ):
+            for entry, ref in (table or {}).items() if isinstance(table, dict) else ():
+                if isinstance(ref, str):
+                    points.setdefault(group, {})[str(entry)] = ref
         groups = data.get("dependency-groups") or {}
         for group in groups:
             if canonicalize_name(group) in self.groups:
@@ -187,6 +197,9 @@ class _Reader:
             self.wanted += [
                 (s, "setup.cfg") for s in _lines(parser.get("options", "tests_require"))
             ]
+        if parser.has_section("options.entry_points"):
+            for group, value in parser.items("options.entry_points"):
+                self._entry_lines(group, _lines(value))
         if parser.has_section("options.extras_require"):
             for extra, value in parser.items("options.extras_require"):
                 self.extras[canonicalize_name(extra)] = [(s, "setup.cfg") for s in _lines(value)]
@@ -219,11 +232,21 @@ class _Reader:
                     self.own += [(s, "setup.py") for s in _strings(value)]
                 elif keyword.arg == "tests_require":
                     self.wanted += [(s, "setup.py") for s in _strings(value)]
+                elif keyword.arg == "entry_points" and isinstance(value, dict):
+                    for group, lines in value.items():
+                        self._entry_lines(str(group), _strings(lines))
                 elif keyword.arg == "extras_require" and isinstance(value, dict):
                     for extra, specs in value.items():
                         self.extras[canonicalize_name(str(extra))] = [
                             (s, "setup.py") for s in _strings(specs)
                         ]
+
+    def _entry_lines(self, group: str, lines: Iterable[str]) -> None:
+        """``name = pkg.mod:func`` lines (setup.cfg, setup.py) of one entry point group."""
+        for line in lines:
+            entry, sep, ref = line.partition("=")
+            if sep and entry.strip() and ref.strip():
+                self.declared.entry_points.setdefault(group, {})[entry.strip()] = ref.strip()
 
     def requirements_file(self, path: Path) -> None:
         text = self._load(path)

@@ -10,6 +10,7 @@ least-recently-used eviction.
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import hashlib
 import io
@@ -36,7 +37,7 @@ LABEL_IMAGE = "hybrid.deps.image"
 PREFIX = "/opt/hybrid"
 VENV = f"{PREFIX}/venv"
 NODE = f"{PREFIX}/node"
-_FORMAT = "6"  # bump when the install script changes what a layer holds
+_FORMAT = "7"  # bump when the install script changes what a layer holds
 _STAGE = "/hybrid-deps"
 
 _SCRIPT = r"""set -eu
@@ -66,6 +67,28 @@ if [ -s {stage}/python.txt ] || [ -s {stage}/paths.txt ]; then
     printf 'Metadata-Version: 2.1\nName: %s\nVersion: %s\n' "$name" "$version" > "$info/METADATA"
     echo hybrid > "$info/INSTALLER"
     : > "$info/RECORD"
+    # Its entry points, and a command for each console script (tests run `dotenv run ...`).
+    if [ -s {stage}/entry_points.txt ]; then
+      cp {stage}/entry_points.txt "$info/entry_points.txt"
+      {venv}/bin/python - "$info/entry_points.txt" {venv}/bin <<'PY'
+import configparser, os, re, sys
+points = configparser.ConfigParser(interpolation=None, delimiters=("=",))
+points.optionxform = str
+points.read(sys.argv[1])
+for group in ("console_scripts", "gui_scripts"):
+    for name, ref in points.items(group) if points.has_section(group) else ():
+        module, _, attr = re.sub(r"\s*\[.*\]\s*$", "", ref).partition(":")
+        head = attr.split(".")[0]
+        if not all(re.fullmatch(r"\w+(\.\w+)*", n) for n in (module, attr or "x", name.replace("-", "_"))):
+            continue  # neither code nor a path: one line of the launcher, one file in bin/
+        call = f"from {{module}} import {{head}}\nsys.exit({{attr}}())" if attr else (
+            f"import runpy\nrunpy.run_module({{module!r}}, run_name='__main__')")
+        path = f"{{sys.argv[2]}}/{{name}}"
+        with open(path, "w") as out:
+            out.write(f"#!{{sys.executable}}\nimport sys\n{{call}}\n")
+        os.chmod(path, 0o755)
+PY
+    fi
   fi
 fi
 if [ -s {stage}/node.txt ]; then
@@ -276,6 +299,11 @@ def _stage(manifest: Manifest, staging: Path) -> None:
         if manifest.project and manifest.paths
         else ""
     )
+    points = configparser.ConfigParser(interpolation=None, delimiters=("=",))
+    points.optionxform = str  # type: ignore[assignment,method-assign]  # names keep their case
+    points.read_dict(manifest.entry_points if manifest.project and manifest.paths else {})
+    with (staging / "entry_points.txt").open("w") as out:
+        points.write(out)
     (staging / "paths.txt").write_text(
         "".join(
             f"{Path('/workspace', p).as_posix().rstrip('.').rstrip('/') or '/workspace'}\n"

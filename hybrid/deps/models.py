@@ -54,6 +54,11 @@ class Declared(BaseModel):
         description="The release the checkout is at (its declared version, PKG-INFO, or its "
         "latest git tag): test tools resolve as if it were installed at that version.",
     )
+    entry_points: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="group -> name -> object ('pkg.cli:main') the project declares: installed "
+        "as its metadata, and console scripts as commands, as `pip install -e .` would.",
+    )
     sources: list[str] = Field(default_factory=list, description="Every file that was read.")
     inputs: str = Field("", description="sha256 of every input read: a changed file changes it.")
 
@@ -81,6 +86,9 @@ class Manifest(BaseModel):
     node_lockfile: str | None = Field(None, description="Relative path of the Node lockfile.")
     paths: list[str] = Field(default_factory=list)
     version: str | None = Field(None, description="The project's release (Declared.version).")
+    entry_points: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="The project's own entry points (Declared)."
+    )
     exclude_newer: datetime | None = Field(
         None, description="What the project names was resolved as of this time (DepsPolicy)."
     )
@@ -100,5 +108,6 @@ class Manifest(BaseModel):
             "paths": self.paths,
             "version": self.version,
             "node": self.node_lockfile,
+            "entry_points": self.entry_points,
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

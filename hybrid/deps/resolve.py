@@ -64,7 +64,11 @@ def lock(
             if all(store.path_of(a.sha256).is_file() for a in manifest.artifacts):
                 # Same requirements from edited files (a version bump): the same resolution.
                 return manifest.model_copy(
-                    update={"requirements": declared.python, "inputs": declared.inputs}
+                    update={
+                        "requirements": declared.python,
+                        "inputs": declared.inputs,
+                        "entry_points": declared.entry_points,
+                    }
                 )
     artifacts = _python(declared, target, exclude_newer) + _node(repo, declared)
     manifest = Manifest(
@@ -75,6 +79,7 @@ def lock(
         node_lockfile=declared.node,
         paths=declared.paths,
         version=declared.version,
+        entry_points=declared.entry_points,
         exclude_newer=exclude_newer,
         inputs=declared.inputs,
     )

@@ -46,6 +46,35 @@ def test_requirements_includes_hashes_and_setup_py_never_runs(tmp_path: Path) ->
     assert declared.hashes == {"six==1.16.0": ["a" * 64]}
 
 
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        (
+            "pyproject.toml",
+            '[project]\nname = "demo"\n[project.scripts]\ndemo = "demo.cli:main"\n'
+            '[project.entry-points.pytest11]\ndemo = "demo.plugin"\n',
+        ),
+        (
+            "setup.cfg",
+            "[metadata]\nname = demo\n[options.entry_points]\n"
+            "console_scripts =\n    demo = demo.cli:main\npytest11 =\n    demo = demo.plugin\n",
+        ),
+        (
+            "setup.py",
+            "from setuptools import setup\nsetup(name='demo', entry_points={'console_scripts': "
+            "['demo = demo.cli:main'], 'pytest11': ['demo = demo.plugin']})\n",
+        ),
+    ],
+)
+def test_the_projects_entry_points(tmp_path: Path, name: str, text: str) -> None:
+    """What `pip install -e .` would make of them: commands and plugins the tests use."""
+    (tmp_path / name).write_text(text)
+    assert detect(tmp_path).entry_points == {
+        "console_scripts": {"demo": "demo.cli:main"},
+        "pytest11": {"demo": "demo.plugin"},
+    }
+
+
 def test_uv_lock_pins_and_a_changed_file_changes_the_inputs(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "demo"\ndependencies = ["idna"]\n')
     (tmp_path / "uv.lock").write_text(

@@ -115,6 +115,45 @@ def test_a_project_with_nothing_to_install_runs_on_the_images_python(
     assert all(run.command.startswith("python3 ") for run in result.runs)
 
 
+CLI_TEST = """import subprocess
+
+
+def test_the_command_rounds_into_the_next_unit(request):
+    request.config.cache.set("hsize/last", 999999)  # needs pytest's cache provider
+    done = subprocess.run(["hsize", "999999"], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "1.0 MB"
+"""
+
+
+def test_console_scripts_and_pytest_cache_work_as_installed(
+    engine, repo: Path, tmp_path: Path
+) -> None:
+    """The project's console scripts are commands, as after `pip install -e .` (python-dotenv's
+    tests run `dotenv`), and pytest keeps its cache provider (werkzeug's pytest-xprocess needs
+    `config.cache`), outside the workspace."""
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(repo), str(clone))
+    _git(clone, "checkout", "-q", "HEAD~1")
+    (clone / "pyproject.toml").write_text(
+        PYPROJECT + '[project.scripts]\nhsize = "humanize.size_cli:main"\n'
+    )
+    (clone / "src" / "humanize" / "size_cli.py").write_text(
+        "import sys\n\nfrom humanize import naturalsize\n\n\n"
+        "def main():\n    print(naturalsize(int(sys.argv[1])))\n"
+    )
+    _git(clone, "add", "-A")
+    _git(clone, "commit", "-qm", "A command")
+    _git(clone, "apply", stdin=(DATA / "fix.diff").read_text())
+    (clone / "tests" / "test_size_cli.py").write_text(CLI_TEST)
+    _git(clone, "add", "-A")
+    _git(clone, "commit", "-qm", "Fix the command's rounding at unit boundaries")
+    result = validate(clone, "HEAD", spec=_spec(), backend=engine)
+    assert result.validated, (result.failure, result.reason, [r.tail[-800:] for r in result.runs])
+    assert [t.rpartition("::")[2] for t in result.fail_to_pass] == [
+        "test_the_command_rounds_into_the_next_unit"
+    ]
+
+
 def _validate_on_top(
     engine: Backend, repo: Path, *, parent_tests: str = "", fix_tests: str = "\n# a comment\n"
 ) -> Validation:
