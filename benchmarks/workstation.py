@@ -16,7 +16,8 @@ at its newest commit. Per project:
 Per command in a workstation, from the container's cgroup (v1): CPU seconds (user+sys), peak
 memory, memory-limit hits (failcnt), block I/O bytes; and from /proc/pressure (the whole
 machine: cgroup v1 has no per-group pressure) the memory and I/O stall time while it ran.
-p50/p95 over ``--runs`` runs; the ratio is the workstation's p50 over the host's p50.
+p50/p95 over ``--runs`` runs; the ratio is the workstation's p50 over the host's p50 at the
+same concurrency (x2: two host runs at once as well, each in its own copy of the checkout).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -253,17 +257,18 @@ def pct(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def concurrently(workstations: list[Any], command: str, runs: int) -> list[Sample]:
+def concurrently(jobs: list[Callable[[], Sample]], runs: int) -> list[Sample]:
+    """Each job ``runs`` times, the jobs at once (one thread each)."""
     samples: list[Sample] = []
     lock = threading.Lock()
 
-    def one(ws: Any) -> None:
+    def one(job: Callable[[], Sample]) -> None:
         for _ in range(runs):
-            sample = run_in(ws, command)
+            sample = job()
             with lock:
                 samples.append(sample)
 
-    threads = [threading.Thread(target=one, args=(ws,)) for ws in workstations]
+    threads = [threading.Thread(target=one, args=(job,)) for job in jobs]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -290,6 +295,8 @@ def bench(repo: Path, item: Bench, runs: int, rows: list[list[str]]) -> None:
     with tempfile.TemporaryDirectory(prefix="hybrid-bench-") as work:
         try:
             checkout = export(repo, Path(work) / "repo")
+            twin = Path(work) / "twin"
+            shutil.copytree(checkout, twin, symlinks=True)
             os.environ["HYBRID_CACHE_DIR"] = str(Path(work) / "cache")
             start = time.monotonic()
             first = deps.up(engine, checkout, spec, image=image)
@@ -346,12 +353,18 @@ def bench(repo: Path, item: Bench, runs: int, rows: list[list[str]]) -> None:
                 commands.append(("typecheck", item.typecheck))
             for label, command in commands:
                 host_command = command.replace("/tmp/mypy", f"{work}/mypy")
-                host = [run_host(Path(work) / "venv", checkout, host_command) for _ in range(runs)]
+                venv = Path(work) / "venv"
+                host = [run_host(venv, checkout, host_command) for _ in range(runs)]
+                # Two at once on the host too, each in its own copy: the same load both sides.
+                host_two = concurrently(
+                    [partial(run_host, venv, tree, host_command) for tree in (checkout, twin)],
+                    runs,
+                )
                 one = [run_in(keep, command) for _ in range(runs)]
-                two = concurrently([keep, extra], command, runs)
-                for concurrency, samples in (("1", one), ("2", two)):
+                two = concurrently([partial(run_in, ws, command) for ws in (keep, extra)], runs)
+                for concurrency, samples, on_host in (("1", one, host), ("2", two, host_two)):
                     walls = [s.wall for s in samples]
-                    host_p50 = pct([s.wall for s in host], 0.5)
+                    host_p50 = pct([s.wall for s in on_host], 0.5)
                     add(
                         [
                             item.name,
@@ -359,7 +372,7 @@ def bench(repo: Path, item: Bench, runs: int, rows: list[list[str]]) -> None:
                             + ("" if all(s.ok for s in samples) else " (FAILED)"),
                             f"{pct(walls, 0.5):.1f}",
                             f"{pct(walls, 0.95):.1f}",
-                            f"{host_p50:.1f}" + ("" if all(s.ok for s in host) else "!"),
+                            f"{host_p50:.1f}" + ("" if all(s.ok for s in on_host) else "!"),
                             f"{pct(walls, 0.5) / host_p50:.2f}x",
                             f"{statistics.median(s.cpu for s in samples):.1f}",
                             f"{statistics.median(s.peak_mb for s in samples):.0f}",
