@@ -56,6 +56,7 @@ FITTED = (
     "W_GRAPH",
     "W_TESTS",
     "W_HISTORY",
+    "W_SIMILAR",
     "B",
     "K1",
     "DUNDER",
@@ -101,6 +102,7 @@ class Case:
     edges: np.ndarray  # (caller, callee, cross-file?) rows
     tests: np.ndarray
     history: np.ndarray  # log1p of recent changes to the body (not normalized)
+    similar: np.ndarray  # log1p of lines past commits like the task added (not normalized)
     extra: list[np.ndarray]  # lines shown with a body when its file's frame is not
     hunks: list[tuple[int, int, int]]  # (file position or -1, first line, last line)
     real: dict[int, int]  # hunks the real packer covers at the current constants
@@ -116,6 +118,7 @@ def current() -> dict[str, float]:
         "W_GRAPH": S.W_GRAPH,
         "W_TESTS": S.W_TESTS,
         "W_HISTORY": S.W_HISTORY,
+        "W_SIMILAR": S.W_SIMILAR,
         "B": S.B,
         "K1": S.K1,
         "DUNDER": S.DUNDER,
@@ -161,8 +164,10 @@ def _case(repo: Path, case: EvalCase, graph: Graph, worktree: Path) -> Case | No
     top = [i for i in ranking.order if not graph.tests[i]]
     sig = S.symbol_signals(graph, ranking, worktree, files=top[:MAX_FILES])
     # the default candidate set's own run: its history signal (the last commits touching
-    # fewer files differ) and the real packer's coverage
-    base = S.symbol_signals(graph, ranking, worktree)
+    # fewer files differ), its normalization of the similar signal and the real packer's
+    # coverage
+    ablate = frozenset() if S.W_SIMILAR else frozenset({"similar"})
+    base = S.symbol_signals(graph, ranking, worktree, ablate=ablate)
     pos = {i: k for k, i in enumerate(top[:MAX_FILES])}
     index = graph.repo_index
     terms = sorted(set(ranking.task.terms))
@@ -178,6 +183,7 @@ def _case(repo: Path, case: EvalCase, graph: Graph, worktree: Path) -> Case | No
             files[pos[i]] = _file(paths[i], lines, defs)
     packer = BodyPacker(worktree, {}, 1)
     base_hist = {(c[0], c[1]): h for c, h in zip(base.cands, base.history, strict=True)}
+    base_sim = {(c[0], c[1]): h for c, h in zip(base.cands, base.similar, strict=True)}
     mentioned = sig.mentioned
     file_of = np.array([pos[c[0]] for c in sig.cands], dtype=np.int64)
     start = np.array([c[2] for c in sig.cands], dtype=np.int64)
@@ -189,6 +195,7 @@ def _case(repo: Path, case: EvalCase, graph: Graph, worktree: Path) -> Case | No
     overlap = np.zeros((n, len(terms)))
     tf = np.zeros((n, len(terms)))
     history = np.zeros(n)
+    similar = np.zeros(n)
     extra: list[np.ndarray] = []
     term_pos = {t: k for k, t in enumerate(terms)}
     for k, (i, d, first) in enumerate(sig.cands):
@@ -208,6 +215,7 @@ def _case(repo: Path, case: EvalCase, graph: Graph, worktree: Path) -> Case | No
             tf[k, term_pos[t]] = c
         # history: the default run's (normalized there) where it has the symbol
         history[k] = base_hist.get((i, d), sig.history[k])
+        similar[k] = base_sim.get((i, d), sig.similar[k]) if S.W_SIMILAR else sig.similar[k]
         extra.append(
             _unframed(packer, files[f], lines, d, defs_of[f], body, paths[i], graph.langs[i])
         )
@@ -254,6 +262,7 @@ def _case(repo: Path, case: EvalCase, graph: Graph, worktree: Path) -> Case | No
         edges=np.array(edges, dtype=np.int64).reshape(-1, 3),
         tests=np.array(sig.tests),
         history=history,
+        similar=similar,
         extra=extra,
         hunks=hunk_rows,
         real=real,
@@ -322,11 +331,13 @@ def scores(c: Case, p: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
         np.maximum.at(caller, dst, base[src])
         np.maximum.at(callee, src, base[dst])
     hist = c.history[sel]
+    sim = c.similar[sel]
     score = (
         base
         + p["W_GRAPH"] * (caller + callee) / 2
         + p["W_TESTS"] * c.tests[sel]
         + p["W_HISTORY"] * hist / (hist.max() or 1.0)
+        + p["W_SIMILAR"] * sim / (sim.max() or 1.0)
     )
     score = np.where(c.dunder[sel], score * p["DUNDER"], score)
     return sel, np.round(score, 9)

@@ -50,6 +50,7 @@ VARIANTS: dict[str, tuple[str, bool, frozenset[str]]] = {
     "no-graph": ("fused", True, frozenset({"graph"})),
     "no-tests": ("fused", True, frozenset({"tests"})),
     "no-history": ("fused", True, frozenset({"history"})),
+    "no-similar": ("fused", True, frozenset({"similar"})),
     "files-bm25": ("bm25", True, frozenset()),
     "files-graph": ("graph", True, frozenset()),
 }

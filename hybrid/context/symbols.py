@@ -8,6 +8,7 @@ definition of the top files is scored by:
 * ``graph``: its callers and callees among the candidates score well (one step of spreading);
 * ``tests``: test functions whose names share the task's words call it;
 * ``history``: recent commits changed its lines;
+* ``similar``: past commits whose messages are like the task added lines it still holds;
 
 on top of its file's score. Each signal can be left out (``ablate``) for the evaluation.
 Ties break by path and line, so the order is the same in every process.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from hybrid.context.git import git_text
 from hybrid.context.graph import Graph
+from hybrid.context.history import similar_commits
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
 from hybrid.context.resolve import test_spans
@@ -31,7 +33,7 @@ from hybrid.context.tags import Definition
 from hybrid.context.text import IDENT_RE, ident_terms, name_terms
 from hybrid.errors import ContextError
 
-SIGNALS = ("name", "text", "graph", "tests", "history")
+SIGNALS = ("name", "text", "graph", "tests", "history", "similar")
 # Symbols of this many of the best files compete for the bodies: a fix's file is often
 # ranked a little lower than the files the task's words match best.
 CANDIDATE_FILES = 12
@@ -44,6 +46,7 @@ W_TEXT = 1.0
 W_GRAPH = 0.3
 W_TESTS = 0.0  # test names calling a symbol did not help find the edit (fit_symbols)
 W_HISTORY = 0.2
+W_SIMILAR = 0.8  # lines that past commits like the task added (history.similar_commits)
 W_RERANK = 0.6  # weight of a file's best symbol when the top files are reordered
 K1 = 1.44
 B = 0.75
@@ -116,6 +119,48 @@ def _recent_lines(root: Path, paths: list[str]) -> dict[str, Counter[int]]:
     return touched
 
 
+_MIN_LINE = 8  # a shorter added line ("}", "pass") says nothing about where it went
+
+
+def _similar_lines(
+    root: Path, query: set[str], lines_of: dict[str, list[str]]
+) -> dict[str, dict[int, float]]:
+    """Lines of today's files (``lines_of``) that past commits like the task added, found by
+    their text (so later edits above them do not shift them), weighted by how like the task
+    each commit is (the best 1)."""
+    found = similar_commits(root, query)
+    shas = [sha for sha, _s, files in found if any(f in lines_of for f in files)]
+    if not shas:
+        return {}
+    weight = {sha: score / found[0][1] for sha, score, _f in found}
+    args = ["show", "-U0", "--no-color", "--no-renames", "--format=%x00%H", "--relative"]
+    out = git_text(root, *args, *shas, "--", *sorted(lines_of), timeout=30)
+    if out is None:
+        return {}
+    where: dict[str, dict[str, list[int]]] = {}
+    touched: dict[str, dict[int, float]] = {}
+    w = 0.0
+    current = ""
+    for line in out.split("\n"):
+        if line.startswith("\x00"):
+            w, current = weight.get(line[1:].strip(), 0.0), ""
+        elif line.startswith("+++ "):
+            current = line[6:] if line.startswith("+++ b/") and line[6:] in lines_of else ""
+            if current and current not in where:
+                at: dict[str, list[int]] = {}
+                for n, text in enumerate(lines_of[current], 1):
+                    if len(text.strip()) >= _MIN_LINE:
+                        at.setdefault(text.strip(), []).append(n)
+                where[current] = at
+        elif current and line.startswith("+"):
+            hits = where[current].get(line[1:].strip(), [])
+            if 0 < len(hits) <= 3:
+                votes = touched.setdefault(current, {})
+                for n in hits:
+                    votes[n] = votes.get(n, 0.0) + w / len(hits)
+    return touched
+
+
 def _test_calls(
     graph: Graph, ranking: Ranking, index: RepoIndex, root: Path, query: set[str]
 ) -> Counter[str]:
@@ -153,6 +198,7 @@ class Weights:
     graph: float = W_GRAPH
     tests: float = W_TESTS
     history: float = W_HISTORY
+    similar: float = W_SIMILAR
 
 
 @dataclass
@@ -168,6 +214,7 @@ class Signals:
     tests: list[float]
     history: list[float]
     mentioned: dict[str, float]
+    similar: list[float] = field(default_factory=list)
     # what the text signal is made of, so a fit can weigh it again (benchmarks/fit_symbols)
     lengths: list[int] = field(default_factory=list)  # terms in each body
     terms: list[Counter[str]] = field(default_factory=list)  # task terms in each body
@@ -196,6 +243,7 @@ def symbol_signals(
 
     # candidates, with per-body term statistics from one pass over each file's lines
     defs_of: list[tuple[int, list[Definition], list[str]]] = []
+    lines_of: dict[str, list[str]] = {}
     for i in file_ids:
         try:
             tags = index.tags(paths[i])
@@ -211,6 +259,7 @@ def symbol_signals(
                 and not any(a <= d.line and d.end_line <= b for a, b in tests)
             ]
             defs_of.append((i, defs, lines))
+            lines_of[paths[i]] = lines
     names = {d.name for _, defs, _ in defs_of for d in defs}
     raw: list[tuple[int, Definition, int, Counter[str], set[str], int]] = []
     for i, defs, lines in defs_of:
@@ -252,6 +301,7 @@ def symbol_signals(
         mentioned=dict(mentioned),
         lengths=[c[2] for c in raw],
         terms=[c[3] for c in raw],
+        similar=[0.0] * n,
     )
     if not raw:
         return out
@@ -298,6 +348,15 @@ def symbol_signals(
             hist.append(math.log1p(changed))
         top_hist = max(hist, default=0.0) or 1.0
         out.history = [h / top_hist for h in hist]
+    if "similar" not in ablate and query:
+        added = _similar_lines(root_path, query, lines_of)
+        sim = []
+        for i, d, _len, _tf, _used, first in raw:
+            at = added.get(paths[i])
+            votes = sum(at.get(x, 0.0) for x in range(first, d.end_line + 1)) if at else 0.0
+            sim.append(math.log1p(votes))
+        top_sim = max(sim, default=0.0) or 1.0
+        out.similar = [v / top_sim for v in sim]
     return out
 
 
@@ -327,7 +386,8 @@ def score_symbols(signals: Signals, weights: Weights = Weights()) -> list[Symbol
         graph_bonus = weights.graph * (caller[k] + callee[k]) / 2
         test_bonus = weights.tests * signals.tests[k]
         history_bonus = weights.history * signals.history[k]
-        score = base[k] + graph_bonus + test_bonus + history_bonus
+        similar_bonus = weights.similar * signals.similar[k] if signals.similar else 0.0
+        score = base[k] + graph_bonus + test_bonus + history_bonus + similar_bonus
         if d.name.startswith("__") and d.name.endswith("__") and d.name not in mentioned:
             score *= DUNDER
         why = []
@@ -341,6 +401,8 @@ def score_symbols(signals: Signals, weights: Weights = Weights()) -> list[Symbol
             why.append("called by a matching test")
         if history_bonus:
             why.append("changed recently")
+        if similar_bonus:
+            why.append("changed by past commits like the task")
         hits.append(SymbolHit(i, signals.paths[i], d, round(score, 9), tuple(why), start))
     hits.sort(key=lambda h: (-h.score, h.path, h.definition.line, h.definition.name))
     return hits
@@ -357,6 +419,8 @@ def rank_symbols(
     """Definitions of the best non-test files (or of ``files``), best first."""
     if not W_TESTS:
         ablate |= {"tests"}  # no weight: not worth reading the test files
+    if not W_SIMILAR:
+        ablate |= {"similar"}  # ... nor the past commits' diffs
     return score_symbols(symbol_signals(graph, ranking, root, files=files, ablate=ablate))
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hybrid.context import ranking
+from hybrid.context import ranking, symbols
 from hybrid.context.history import similar_changes
 from hybrid.context.ranking import rank
 from hybrid.context.repomap import load_graph, repo_map
@@ -74,3 +74,47 @@ def test_similar_commits_lift_the_file_in_the_ranking(
     monkeypatch.setattr(ranking, "W_SIMILAR", 0.0)
     without = [e.path for e in repo_map(shop, TASK).entries]
     assert listed.index("app/ledger.py") < without.index("app/ledger.py")
+
+
+LEDGER = (
+    "CENTS = 100\n\n\n"
+    "def describe_refund(entry):\n"
+    '    """A line of text for one refund entry."""\n'
+    '    return f"refund of {entry.amount}"\n\n\n'
+    "def settle(entries):\n"
+    "    balance = 0\n"
+    "    for entry in entries:\n"
+    "        balance += entry.amount\n"
+    "    return balance\n\n\n"
+    "def header(title):\n"
+    "    return title.upper()\n"
+)
+
+
+def test_similar_commits_lift_the_symbol_whose_lines_they_added(
+    tmp_path: Path, git: Any, write: Any
+) -> None:
+    repo = tmp_path / "ledger"
+    write(repo, {"app/__init__.py": "", "app/ledger.py": LEDGER})
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "initial")
+    path = repo / "app/ledger.py"
+    text = path.read_text().replace(
+        "    return balance\n", "    balance = round(balance * CENTS) / CENTS\n    return balance\n"
+    )
+    path.write_text(text)
+    git(repo, "commit", "-q", "-am", "Refund totals drifted by a cent in the ledger")
+    # a later change above it: the added line is found by its text, not its old number
+    path.write_text('"""The ledger."""\n\n' + text)
+    git(repo, "commit", "-q", "-am", "ledger: say what the module is")
+    task = "Refund totals are a cent off again"
+    graph = load_graph(repo)
+    ranking = rank(graph, task, "fused", similar=similar_changes(repo, task))
+    with_history = [h.definition.name for h in symbols.rank_symbols(graph, ranking, repo)]
+    without = [
+        h.definition.name
+        for h in symbols.rank_symbols(graph, ranking, repo, ablate=frozenset({"similar"}))
+    ]
+    assert with_history.index("settle") < without.index("settle")
+    assert with_history[:2] == ["describe_refund", "settle"]  # the name still counts more
