@@ -109,8 +109,8 @@ def _past(root: str | Path, commits: int) -> _Log:
             postings.setdefault(t, []).append(k)
     log = _Log(found, postings, sum(c.length for c in found) / (len(found) or 1) or 1.0)
     if out is not None:
-        while len(_PAST) >= _PAST_KEPT:
-            del _PAST[next(iter(_PAST))]
+        if len(_PAST) >= _PAST_KEPT:
+            _PAST.clear()  # atomic: a server's threads may be here at once
         _PAST[key] = log
     return log
 
