@@ -18,6 +18,7 @@ _VARIANT_LABELS = {
     "no-graph": "- callers/callees",
     "no-tests": "- test names",
     "no-history": "- recent history",
+    "no-similar": "- similar past commits",
     "files-bm25": "files by BM25 only",
     "files-graph": "files by graph only",
 }
