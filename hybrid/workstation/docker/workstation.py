@@ -77,6 +77,10 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REAP_POLLS = 40
 """exec_inspect calls (5 ms apart) an exec that ended its output may take to be reaped."""
 
+_START_ATTEMPTS = 5
+"""Starts of one exec while another party keeps stopping the container (a deadline kill can
+land again while it restarts under load); nothing ran before each retry."""
+
 
 class DockerWorkstation:
     """One hardened container with a workspace volume; see the module docstring."""
@@ -193,8 +197,9 @@ class DockerWorkstation:
     ) -> _Started:
         """Create and start an exec of ``argv`` under the watchdog."""
         api = client().api
+        until = time.monotonic() + deadline  # ``deadline``: the command's seconds
         with translate(f"exec in {self.name}"):
-            for attempt in range(2):
+            for attempt in range(_START_ATTEMPTS):
                 meter = None
                 try:
                     exec_id = str(
@@ -229,7 +234,9 @@ class DockerWorkstation:
                     if meter is not None:
                         meter.close()
                     reason = _explain(exc)
-                    if attempt or not ("is not running" in reason or "No such exec" in reason):
+                    stopped = "is not running" in reason or "No such exec" in reason
+                    last = attempt == _START_ATTEMPTS - 1 or time.monotonic() >= until
+                    if last or not stopped:
                         raise
                     self._running = False
                     self._ensure_running()
