@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from hybrid.context.git import git_text, repo_prefix
+from hybrid.context.git import git_text
 from hybrid.context.text import terms
 
 RECENT_COMMITS = 100
@@ -32,22 +32,12 @@ _MESSAGE_CHARS = 2000  # of each message: the subject and what explains it
 def recent_changes(root: str | Path, commits: int = RECENT_COMMITS) -> dict[str, float]:
     """Path (relative to ``root``) -> recency-weighted number of the last ``commits`` commits
     that touched it. Empty outside a git repository; only history up to HEAD is read."""
-    prefix = repo_prefix(root)
-    if prefix is None:
-        return {}
-    out = git_text(
-        root, "log", f"-n{commits}", "--no-merges", "--name-only", "--format=%x00", timeout=60
-    )
-    if out is None:
-        return {}
+    # The newest of the commits ``similar_changes`` reads: one log read serves both.
     churn: dict[str, float] = {}
-    for age, block in enumerate(out.split("\x00")[1:]):
+    for age, commit in enumerate(_past(root, max(commits, SIMILAR_COMMITS)).commits[:commits]):
         weight = DECAY**age
-        for name in block.split("\n"):
-            name = name.strip()
-            if name.startswith(prefix) and name:
-                rel = name[len(prefix) :]
-                churn[rel] = churn.get(rel, 0.0) + weight
+        for rel in commit.files:
+            churn[rel] = churn.get(rel, 0.0) + weight
     return churn
 
 
