@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hybrid.context.resolve import test_spans
 from hybrid.context.symbols import SymbolHit, leading_start
-from hybrid.context.tags import Definition
+from hybrid.context.tags import FILE_KIND, Definition
 from hybrid.context.text import IDENT_RE, count_tokens
 
 FRAME_SHARE = 0.1  # a file's frame (all but its function bodies) costing at most this share
@@ -256,9 +256,11 @@ class BodyPacker:
             return False
         whole_cost = _cost(f"# {f.path}\n" + "\n".join(f.lines) + "\n")
         share = FIRST_FILE_SHARE if not self.order or self.order == [f.path] else SMALL_FILE_SHARE
+        d = hit.definition
+        if d.kind == FILE_KIND:  # a file without definitions goes in whole or not at all
+            return self._take_whole(f, whole_cost, hit)
         if whole_cost <= max(64, int(self.budget * share)) and self._take_whole(f, whole_cost, hit):
             return True
-        d = hit.definition
         body = "\n".join(f.lines[a - 1 : b])
         if (
             d.kind in _CONTAINERS

@@ -15,7 +15,7 @@ from hybrid.context.graph import Graph, build_graph, patch_graph
 from hybrid.context.grep import grep_words
 from hybrid.context.history import recent_changes, similar_changes
 from hybrid.context.index import Progress, RepoIndex, build_index, gc_paused
-from hybrid.context.tags import qualified_signature
+from hybrid.context.tags import FILE_KIND, qualified_signature
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
 
@@ -176,7 +176,8 @@ def render_map(
     Files with ranked symbols (``hits``, see ``rank_symbols``) list those, best first."""
     hits_of: dict[str, list[SymbolHit]] = {}
     for h in hits or []:
-        hits_of.setdefault(h.path, []).append(h)
+        if h.definition.kind != FILE_KIND:  # the file itself, not a symbol to list
+            hits_of.setdefault(h.path, []).append(h)
     index = graph.repo_index
     paths = graph.paths
     parts: list[str] = []

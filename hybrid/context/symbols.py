@@ -29,7 +29,7 @@ from hybrid.context.history import similar_commits
 from hybrid.context.index import RepoIndex
 from hybrid.context.ranking import Ranking
 from hybrid.context.resolve import test_spans
-from hybrid.context.tags import Definition
+from hybrid.context.tags import FILE_KIND, Definition
 from hybrid.context.text import IDENT_RE, ident_terms, name_terms
 from hybrid.errors import ContextError
 
@@ -71,6 +71,13 @@ class SymbolHit:
     def span(self) -> tuple[int, int]:
         """Lines of the definition with the comments and decorators right above it."""
         return (self.start or self.definition.line, self.definition.end_line)
+
+
+def whole_file(path: str, n_lines: int) -> Definition:
+    """A file with no definitions to rank (a script, an example app, a module of constants)
+    as one candidate of its own, named after the file: its code is all at the top level."""
+    stem = path.rsplit("/", 1)[-1].split(".", 1)[0]
+    return Definition(stem, FILE_KIND, 1, max(1, n_lines), path)
 
 
 _LEAD = ("//", "/*", "*", "#", "@", "--")
@@ -258,9 +265,11 @@ def symbol_signals(
                 if d.kind in _BODY_KINDS
                 and not any(a <= d.line and d.end_line <= b for a, b in tests)
             ]
+            if not defs and any(line.strip() for line in lines):
+                defs = [whole_file(paths[i], len(lines))]
             defs_of.append((i, defs, lines))
             lines_of[paths[i]] = lines
-    names = {d.name for _, defs, _ in defs_of for d in defs}
+    names = {d.name for _, defs, _ in defs_of for d in defs if d.kind != FILE_KIND}
     raw: list[tuple[int, Definition, int, Counter[str], set[str], int]] = []
     for i, defs, lines in defs_of:
         length = [0] * (len(lines) + 1)  # prefix sums of term counts
@@ -324,7 +333,8 @@ def symbol_signals(
     if "graph" not in ablate:
         by_name: dict[str, list[int]] = {}
         for k, c in enumerate(raw):
-            by_name.setdefault(c[1].name, []).append(k)
+            if c[1].kind != FILE_KIND:  # a file is not called by its name
+                by_name.setdefault(c[1].name, []).append(k)
         for k, c in enumerate(raw):
             called: set[int] = set()
             for ident in sorted(c[4]):

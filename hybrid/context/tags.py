@@ -80,6 +80,9 @@ _SCOPES: dict[str, str] = {
 }
 
 
+FILE_KIND = "file"  # a whole file ranked as one symbol (symbols.whole_file); no tag has it
+
+
 class Definition(NamedTuple):
     """One definition: name, kind (class, function, method, ...), 1-based line span,
     signature, and the dotted scope that encloses it ("" at top level)."""

@@ -391,3 +391,36 @@ def test_a_frame_too_big_goes_without_its_prose(tmp_path: Path, git: Any, write:
     lines = source.splitlines()
     for a, b in item.spans:
         assert "\n".join(lines[a - 1 : b]) in item.text
+
+
+def test_a_file_without_definitions_is_ranked_and_packed_whole(
+    tmp_path: Path, git: Any, write: Any
+) -> None:
+    """An example app whose code is all at the top level (route handlers passed inline) has
+    no symbol to rank; the file itself competes as one, so a task about it gets the file
+    whole in the pack, while the map lists no pseudo-symbol for it."""
+    app = (
+        "var express = require('../../');\nvar path = require('path');\nvar app = express();\n\n"
+        "app.get('/files/:file(*)', function (req, res, next) {\n"
+        "  var filePath = path.join(__dirname, 'files', req.params.file);\n"
+        "  res.download(filePath, function (err) {\n"
+        "    if (!err) return;\n"
+        "    next(err);\n"
+        "  });\n"
+        "});\n\napp.listen(3000);\n"
+    )
+    lib = "".join(
+        f"function helper{k}(req, res) {{\n  var out = req.query.item{k};\n  return res.send(out);\n}}\n\n"
+        for k in range(120)
+    )
+    write(tmp_path, {"examples/downloads/index.js": app, "lib/response.js": lib})
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "init")
+    task = "examples: fix path traversal in downloads example"
+    pack = context_pack(tmp_path, task, tokens=2000)
+    item = next(i for i in pack.items if i.path == "examples/downloads/index.js")
+    assert item.kind == "file" and item.spans == [(1, app.count("\n"))]
+    assert "res.download(filePath" in item.text
+    text = repo_map(tmp_path, task=task, tokens=1024).text
+    assert "examples/downloads/index.js\n" in text and "index.js:\n" not in text
