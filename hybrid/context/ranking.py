@@ -58,6 +58,7 @@ _AUX_DIRS = frozenset(
 _CODE_BEFORE = frozenset("`.'\"")
 _CODE_AFTER = frozenset("`('\"")
 _PATHLIKE = re.compile(r"[\w./-]*[/.][\w./-]*\w")
+_AREA = re.compile(r"\s*(?:\w+\(([\w./-]+)\)!?|([\w./-]+))\s*:")
 
 
 @dataclass
@@ -126,9 +127,10 @@ def analyse_task(graph: Graph, task: str, resolver: Resolver | None = None) -> T
     stems: dict[str, list[int]] = {}
     for i, p in enumerate(paths):
         stems.setdefault(p.rsplit("/", 1)[-1].rsplit(".", 1)[0].lower(), []).append(i)
-    # "printing: fix ..." names the area being changed
-    prefix = re.match(r"\s*([\w.-]+)\s*:", task)
-    lead = prefix.group(1).lower() if prefix else ""
+    # "printing: fix ...", "ignore/gitignore: ..." and "fix(binding): ..." (a conventional
+    # commit's scope) name the area being changed; the last part of a path is the narrowest
+    prefix = _AREA.match(task)
+    lead = (prefix.group(1) or prefix.group(2)).rsplit("/", 1)[-1].lower() if prefix else ""
     out.lead = lead
     out.words = frozenset(
         stem(w.lower())

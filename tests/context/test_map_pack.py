@@ -13,7 +13,7 @@ import pytest
 
 import hybrid
 from hybrid.context.pack import context_pack
-from hybrid.context.ranking import rank
+from hybrid.context.ranking import analyse_task, rank
 from hybrid.context.repomap import load_graph, repo_map
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
@@ -39,6 +39,13 @@ def test_area_prefix_names_a_directory(tmp_path: Path, write) -> None:  # type: 
     ranking = rank(graph, "parser: read_value keeps the newline")
     assert graph.paths[ranking.order[0]] == "parsers/core.py"
     assert "directory named in the task" in ranking.reasons[ranking.order[0]]
+    for task in (
+        "fix(parser): read_value keeps the newline",  # a conventional commit's scope
+        "core/parser: read_value keeps the newline",  # the narrowest part of a path
+        "parser: read_value keeps the newline",
+    ):
+        assert analyse_task(graph, task).lead == "parser", task
+    assert analyse_task(graph, "Fix #12: read_value keeps the newline").lead == ""
 
 
 def test_ablations_differ_and_are_complete(shop_repo: Path) -> None:
