@@ -1,7 +1,7 @@
 """Rank the symbols (functions, methods, classes) of the best files for a task.
 
 A file ranking finds where to look; a fix changes a few bodies inside those files. Every
-definition of the top files is scored by:
+definition of the top files (a file with none is one candidate, packed whole) is scored by:
 
 * ``name``: the task names it (``request``, ``Session.request``) or shares words with its name;
 * ``text``: BM25 of the task's words over its body and docstring;
