@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from hybrid import git
 from hybrid.context.cache import TagCache
 from hybrid.context.git import git_checked
 from hybrid.context.graph import Graph
@@ -145,9 +146,6 @@ def mine_cases(
         raise InvalidInput(f"{repo} is not a git work tree")
     # Streamed: a long history (sympy: 50k commits) is read only as far as needed.
     cmd = [
-        "git",
-        "-C",
-        str(repo_path),
         "log",
         "--no-merges",
         "--no-renames",
@@ -156,7 +154,8 @@ def mine_cases(
         rev,
     ]
     cases: list[EvalCase] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace") as proc:
+    log = git.popen(cmd, repo_path, stdout=subprocess.PIPE, text=True, errors="replace")
+    with log as proc:
         assert proc.stdout is not None
         buffer: list[str] = []
         for line in proc.stdout:
@@ -364,11 +363,8 @@ def evaluate(
             if progress:
                 progress(n + 1, len(cases))
     finally:
-        subprocess.run(
-            ["git", "-C", str(repo_path), "worktree", "remove", "--force", str(worktree)],
-            capture_output=True,
-        )
-        subprocess.run(["git", "-C", str(repo_path), "worktree", "prune"], capture_output=True)
+        git.run(["worktree", "remove", "--force", str(worktree)], repo_path)
+        git.run(["worktree", "prune"], repo_path)
         shutil.rmtree(tmp, ignore_errors=True)
     metrics = {
         mode: _metrics([r.rank[mode] for r in results])
