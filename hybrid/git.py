@@ -207,16 +207,18 @@ def _run(
     text: bool,
     check: bool,
 ) -> subprocess.CompletedProcess[Any]:
+    options: dict[str, Any] = {"text": True, "errors": "replace"} if text else {}
+    if input is None:
+        options["stdin"] = subprocess.DEVNULL  # git never waits on the caller's terminal
     return subprocess.run(
         argv,
         env=env,
         cwd=cwd,
         input=input,
-        stdin=None if input is not None else subprocess.DEVNULL,
         capture_output=True,
         timeout=timeout,
         check=check,
-        **({"text": True, "errors": "replace"} if text else {}),
+        **options,
     )
 
 
