@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid import git
 from hybrid.context import ranking as R
 from hybrid.context import symbols as S
 from hybrid.context.cache import TagCache
@@ -113,8 +113,8 @@ def at_parents(
             git_checked(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
             yield case, load_graph(worktree, cache=cache), worktree
     finally:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)])
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"])
+        git.run(["worktree", "remove", "--force", str(worktree)], repo)
+        git.run(["worktree", "prune"], repo)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
