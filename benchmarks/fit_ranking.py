@@ -21,6 +21,7 @@ on repositories that were never used here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -107,6 +108,8 @@ def at_parents(
         return
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-fit-"))
     worktree = tmp / "wt"
+    pin = contextlib.ExitStack()  # the worktree lives in hybrid.git's shadow of the repository
+    pin.enter_context(git.pinned(repo))
     git_checked(repo, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent)
     try:
         for case in cases:
@@ -114,8 +117,8 @@ def at_parents(
             yield case, load_graph(worktree, cache=cache), worktree
     finally:
         git.run(["worktree", "remove", "--force", str(worktree)], repo)
-        git.run(["worktree", "prune"], repo)
         shutil.rmtree(tmp, ignore_errors=True)
+        pin.close()
 
 
 def extract(repo: Path, skip: int, limit: int, cache: TagCache) -> list[Case]:

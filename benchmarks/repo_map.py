@@ -29,6 +29,7 @@ coder would (identifiers and file names mentioned):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -131,6 +132,8 @@ def localization(repo: Path, limit: int, aider_python: str | None) -> list[list[
 
         cases = mine_cases(repo, limit)
         work = Path(tempfile.mkdtemp(prefix="hybrid-loc-"))
+        pin = contextlib.ExitStack()
+        pin.enter_context(git.pinned(repo))
         try:
             worktree = work / "wt"
             # Registered in hybrid.git's shadow of the repository, whose config runs nothing:
@@ -182,8 +185,8 @@ def localization(repo: Path, limit: int, aider_python: str | None) -> list[list[
                 )
         finally:
             git.run(["worktree", "remove", "--force", str(work / "wt")], repo)
-            git.run(["worktree", "prune"], repo)
             shutil.rmtree(work, ignore_errors=True)
+            pin.close()
     return rows
 
 

@@ -26,7 +26,6 @@ listings). ``run_own`` is for repositories hybrid made itself (the diff baseline
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import shutil
@@ -34,7 +33,8 @@ import stat
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,9 @@ _EXCLUDES_QUERY = ["config", "--global", "--includes", "--path", "-z", "--get"]
 _EXCLUDES_QUERY += ["core.excludesFile"]
 
 _lock = threading.Lock()
-_shadows: dict[tuple[str, tuple[int, ...]], Path] = {}  # (common dir, config stat) -> shadow
-_made: set[str] = set()  # every shadow this process wrote (a worktree added from one uses it)
+_pins: dict[str, tuple[Path, int]] = {}  # common dir -> (its pinned shadow, how many pins)
+_pinned: set[str] = set()  # the pinned shadows themselves (a worktree added in one uses it)
+_kept: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}  # (config, its stat) -> kept keys
 _excludes: dict[tuple[Any, ...], str | None] = {}
 
 
@@ -100,23 +101,58 @@ def run(
     """``git -C repo ARGS`` on a repository hybrid did not make, captured; nothing the
     repository configures runs. A directory that is not (inside) a work tree or git directory
     gives git's own failure (exit 128), as ``git -C`` would; ``OSError`` when git is missing."""
-    setting = _setting(Path(repo))
-    if isinstance(setting, subprocess.CompletedProcess):
-        if check:
-            raise subprocess.CalledProcessError(128, ["git", *args], b"", setting.stderr)
-        return _as_text(setting, text)
-    env, cwd = setting
-    return _run(_argv(args), env, cwd, input, timeout, text, check)
+    with _prepared(Path(repo)) as setting:
+        if isinstance(setting, subprocess.CompletedProcess):
+            if check:
+                raise subprocess.CalledProcessError(128, ["git", *args], b"", setting.stderr)
+            return _as_text(setting, text)
+        env, cwd = setting
+        return _run(_argv(args), env, cwd, input, timeout, text, check)
 
 
-def popen(args: Sequence[str], repo: str | Path, **options: Any) -> subprocess.Popen[Any]:
-    """``git -C repo ARGS`` started (for output read as it comes), set up as ``run`` does."""
-    setting = _setting(Path(repo))
-    if isinstance(setting, subprocess.CompletedProcess):
-        why = setting.stderr.decode(errors="replace").strip().splitlines()
-        raise InvalidInput(f"{repo}: {why[-1] if why else 'not a git repository'}")
-    env, cwd = setting
-    return subprocess.Popen(_argv(args), env=env, cwd=cwd, stdin=subprocess.DEVNULL, **options)
+@contextmanager
+def popen(args: Sequence[str], repo: str | Path, **options: Any) -> Iterator[subprocess.Popen[Any]]:
+    """``git -C repo ARGS`` started (for output read as it comes), set up as ``run`` does; the
+    process is waited for when the block ends. InvalidInput when ``repo`` is no repository."""
+    with _prepared(Path(repo)) as setting:
+        if isinstance(setting, subprocess.CompletedProcess):
+            why = setting.stderr.decode(errors="replace").strip().splitlines()
+            raise InvalidInput(f"{repo}: {why[-1] if why else 'not a git repository'}")
+        env, cwd = setting
+        argv = _argv(args)
+        with subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, **options) as proc:
+            yield proc
+
+
+@contextmanager
+def pinned(repo: str | Path) -> Iterator[None]:
+    """One shadow for ``repo`` through the block, so what a command registers in it lasts: a
+    worktree added inside the block is registered in the shadow (never in the repository's own
+    ``.git``), and works until the block ends. Without a pin every command gets a fresh shadow,
+    removed when it finishes."""
+    probe = _probe(Path(repo))
+    if isinstance(probe, subprocess.CompletedProcess):
+        yield  # no repository: commands fail as they would anyway
+        return
+    common = probe[1]
+    if str(common) in _pinned:
+        yield  # a worktree registered in a pinned shadow: that pin holds it
+        return
+    with _lock:
+        shadow, count = _pins.get(str(common)) or (_make_shadow(common), 0)
+        _pins[str(common)] = (shadow, count + 1)
+        _pinned.add(str(shadow))
+    try:
+        yield
+    finally:
+        with _lock:
+            shadow, count = _pins[str(common)]
+            if count > 1:
+                _pins[str(common)] = (shadow, count - 1)
+            else:
+                del _pins[str(common)]
+                _pinned.discard(str(shadow))
+                shutil.rmtree(shadow, ignore_errors=True)
 
 
 def run_own(
@@ -235,15 +271,17 @@ def _failed(why: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.CompletedProcess(["git"], 128, b"", f"fatal: {why}\n".encode())
 
 
-def _setting(root: Path) -> tuple[dict[str, str], Path] | subprocess.CompletedProcess[bytes]:
-    """The environment and directory a command on ``root`` runs with, or why there is none."""
+_Probe = tuple[Path, Path, str | None]  # git dir, common dir, work tree (None: bare)
+
+
+def _probe(root: Path) -> _Probe | subprocess.CompletedProcess[bytes]:
+    """Where ``root``'s repository keeps its files, or why there is none."""
     if not root.is_dir():
         return _failed(f"cannot change to '{root}': Not a directory")
-    env = environment()
     # rev-parse reads the configuration (to check the format) and runs nothing it names.
     probe = subprocess.run(
         ["git", *HARDENING, *_PROBE],
-        env=env,
+        env=environment(),
         cwd=root,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -252,54 +290,81 @@ def _setting(root: Path) -> tuple[dict[str, str], Path] | subprocess.CompletedPr
     lines = probe.stdout.decode(errors="surrogateescape").split("\n")
     if len(lines) < 4 or not lines[0].startswith("/"):
         return probe  # not a repository (or one git refuses): git's own message
-    git_dir = Path(lines[0])
-    common = Path(os.path.realpath(root / lines[1]))
-    env["GIT_DIR"] = str(git_dir)
-    env["GIT_COMMON_DIR"] = str(_shadow(common))
-    env["GIT_OBJECT_DIRECTORY"] = os.path.realpath(common / "objects")
+    git_dir, common = Path(lines[0]), Path(os.path.realpath(root / lines[1]))
     if lines[2] == "true":
-        return env, root
+        return git_dir, common, None
     if probe.returncode != 0 or len(lines) < 5:
         # Inside a git directory: with GIT_DIR set, git would take the directory for a work tree.
         return _failed("this operation must be run in a work tree")
-    top = Path(lines[3])
+    top = lines[3]
     # core.worktree may point anywhere; a work tree is only ever one that holds ``root``.
-    if not root.resolve().is_relative_to(top.resolve()):
+    if not root.resolve().is_relative_to(Path(top).resolve()):
         return _failed(f"'{root}' is outside its repository's work tree '{top}'")
-    env["GIT_WORK_TREE"] = str(top)
-    return env, root
+    return git_dir, common, top
 
 
-def _shadow(common: Path) -> Path:
-    """A common directory standing in for ``common``: links to its data, a config of its own."""
-    if str(common) in _made:
-        return common  # already one of ours (a worktree added from a shadow)
-    config = common / "config"
-    try:
-        st = os.lstat(config)
-        key: tuple[int, ...] = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
-    except OSError:
-        key = ()
+@contextmanager
+def _prepared(
+    root: Path,
+) -> Iterator[tuple[dict[str, str], Path] | subprocess.CompletedProcess[bytes]]:
+    """The environment and directory a command on ``root`` runs with (or why there is none),
+    its shadow kept until the block ends."""
+    probe = _probe(root)
+    if isinstance(probe, subprocess.CompletedProcess):
+        yield probe
+        return
+    git_dir, common, top = probe
+    env = environment()
+    env["GIT_DIR"] = str(git_dir)
+    env["GIT_OBJECT_DIRECTORY"] = os.path.realpath(common / "objects")
+    if top is not None:
+        env["GIT_WORK_TREE"] = top
     with _lock:
-        found = _shadows.get((str(common), key))
-        if found is not None and found.is_dir():
-            return found
-        shadow = Path(os.path.realpath(tempfile.mkdtemp(prefix="hybrid-git-")))
-        _made.add(str(shadow))
-        if len(_made) == 1:
-            atexit.register(_remove_shadows)
-        for name in _LINKED:
-            if os.path.lexists(common / name):
-                (shadow / name).symlink_to(common / name)
-        kept = _kept_config(config) if key and stat.S_ISREG(key[-1]) else {}
-        (shadow / "config").write_text(
-            "".join(f"[{k.split('.')[0]}]\n\t{k.split('.')[1]} = {v}\n" for k, v in kept.items())
-        )
-        _shadows[(str(common), key)] = shadow
-        return shadow
+        # A pinned shadow, or a worktree registered in one (its common dir *is* the shadow).
+        held = common if str(common) in _pinned else (_pins.get(str(common)) or (None,))[0]
+    if held is not None:
+        env["GIT_COMMON_DIR"] = str(held)
+        yield env, root
+        return
+    shadow = _make_shadow(common)
+    try:
+        env["GIT_COMMON_DIR"] = str(shadow)
+        yield env, root
+    finally:
+        shutil.rmtree(shadow, ignore_errors=True)
+
+
+def _make_shadow(common: Path) -> Path:
+    """A common directory standing in for ``common``: links to its data, a config of its own."""
+    shadow = Path(os.path.realpath(tempfile.mkdtemp(prefix="hybrid-git-")))
+    for name in _LINKED:
+        if os.path.lexists(common / name):
+            (shadow / name).symlink_to(common / name)
+    kept = _kept_config(common / "config")
+    (shadow / "config").write_text(
+        "".join(f"[{k.split('.')[0]}]\n\t{k.split('.')[1]} = {v}\n" for k, v in kept.items())
+    )
+    return shadow
 
 
 def _kept_config(config: Path) -> dict[str, str]:
+    """The allow-listed keys of a repository's config file (a regular file, else none)."""
+    try:
+        st = os.lstat(config)
+    except OSError:
+        return {}
+    if not stat.S_ISREG(st.st_mode):
+        return {}
+    key = (str(config), (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
+    found = _kept.get(key)
+    if found is None:
+        if len(_kept) > 256:  # a long-lived server that has read many repositories
+            _kept.clear()
+        found = _kept[key] = _read_kept(config)
+    return dict(found)
+
+
+def _read_kept(config: Path) -> dict[str, str]:
     # Read as data by git itself (no includes: they could name any host file).
     listed = subprocess.run(
         ["git", *HARDENING, "config", "--file", str(config), "--no-includes", "--list", "-z"],
@@ -318,9 +383,4 @@ def _kept_config(config: Path) -> dict[str, str]:
     return kept
 
 
-def _remove_shadows() -> None:
-    for made in list(_made):
-        shutil.rmtree(made, ignore_errors=True)
-
-
-__all__ = ["HARDENING", "environment", "popen", "run", "run_own"]
+__all__ = ["HARDENING", "environment", "pinned", "popen", "run", "run_own"]

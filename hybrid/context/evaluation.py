@@ -18,6 +18,7 @@ and are not scored.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -154,8 +155,7 @@ def mine_cases(
         rev,
     ]
     cases: list[EvalCase] = []
-    log = git.popen(cmd, repo_path, stdout=subprocess.PIPE, text=True, errors="replace")
-    with log as proc:
+    with git.popen(cmd, repo_path, stdout=subprocess.PIPE, text=True, errors="replace") as proc:
         assert proc.stdout is not None
         buffer: list[str] = []
         for line in proc.stdout:
@@ -305,6 +305,9 @@ def evaluate(
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-eval-"))
     worktree = tmp / "wt"
     results: list[CaseResult] = []
+    # The worktree is registered in hybrid.git's shadow of the repository, pinned until the end.
+    pin = contextlib.ExitStack()
+    pin.enter_context(git.pinned(repo_path))
     try:
         git_checked(
             repo_path, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent
@@ -364,8 +367,8 @@ def evaluate(
                 progress(n + 1, len(cases))
     finally:
         git.run(["worktree", "remove", "--force", str(worktree)], repo_path)
-        git.run(["worktree", "prune"], repo_path)
         shutil.rmtree(tmp, ignore_errors=True)
+        pin.close()
     metrics = {
         mode: _metrics([r.rank[mode] for r in results])
         for mode in ("full", *MODES)

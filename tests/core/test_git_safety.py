@@ -127,3 +127,25 @@ def test_the_users_own_global_ignore_file_still_applies(
     (repo / "b.py").write_text("B = 1\n")
     listed = git.run(["ls-files", "--others", "--exclude-standard"], repo, text=True)
     assert listed.stdout.split() == ["b.py"]
+
+
+def test_shadows_last_one_command_or_one_pin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = _repo(tmp_path / "repo")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    assert git.run(["status", "--porcelain"], repo).returncode == 0
+    with git.popen(["log", "--format=%H"], repo, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stdout.read()
+    assert not list(scratch.iterdir())
+    worktree = tmp_path / "wt"
+    with git.pinned(repo):
+        git.run(["worktree", "add", "-q", "--detach", str(worktree)], repo, check=True)
+        (worktree / "b.py").write_text("B = 1\n")
+        listed = git.run(["ls-files", "--others"], worktree, text=True, check=True)
+        assert listed.stdout.split() == ["b.py"]
+        git.run(["worktree", "remove", "--force", str(worktree)], repo, check=True)
+    assert not list(scratch.iterdir())
+    assert not (repo / ".git" / "worktrees").exists()  # registered in the shadow only
