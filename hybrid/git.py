@@ -73,8 +73,12 @@ _KEPT = {
     "extensions.objectformat",
 }
 _VALUE = re.compile(r"[A-Za-z0-9._-]{0,64}")
-# What a shadow links to in the repository's common directory (no hooks, no config, no worktrees).
-_LINKED = ("objects", "refs", "packed-refs", "info", "shallow")
+# What a shadow links to in the repository's common directory (no hooks, no config, no
+# worktrees), each only as the kind named: git quotes a line of a packed-refs it cannot parse,
+# so a packed-refs that links to /etc/shadow would put a line of it in an error message.
+_LINKED = {"objects": stat.S_ISDIR, "refs": stat.S_ISDIR, "packed-refs": stat.S_ISREG}
+_LINKED |= {"shallow": stat.S_ISREG, "info/exclude": stat.S_ISREG}
+_LINKED |= {"info/attributes": stat.S_ISREG}
 _NO_SUBMODULES = {"status", "diff"}
 _PROBE_TIMEOUT = 30.0
 _PROBE = ["rev-parse", "--absolute-git-dir", "--git-common-dir", "--is-bare-repository"]
@@ -139,9 +143,16 @@ def pinned(repo: str | Path) -> Iterator[None]:
         yield  # a worktree registered in a pinned shadow: that pin holds it
         return
     with _lock:
-        shadow, count = _pins.get(str(common)) or (_make_shadow(common), 0)
-        _pins[str(common)] = (shadow, count + 1)
-        _pinned.add(str(shadow))
+        try:
+            shadow, count = _pins.get(str(common)) or (_make_shadow(common), 0)
+        except _Refused:
+            shadow = None
+        if shadow is not None:
+            _pins[str(common)] = (shadow, count + 1)
+            _pinned.add(str(shadow))
+    if shadow is None:
+        yield  # commands on it are refused one by one
+        return
     try:
         yield
     finally:
@@ -326,7 +337,11 @@ def _prepared(
         env["GIT_COMMON_DIR"] = str(held)
         yield env, root
         return
-    shadow = _make_shadow(common)
+    try:
+        shadow = _make_shadow(common)
+    except _Refused as exc:
+        yield _failed(str(exc))
+        return
     try:
         env["GIT_COMMON_DIR"] = str(shadow)
         yield env, root
@@ -334,12 +349,24 @@ def _prepared(
         shutil.rmtree(shadow, ignore_errors=True)
 
 
+class _Refused(Exception):
+    """A repository whose git files are not what git keeps there (a link, a fifo)."""
+
+
 def _make_shadow(common: Path) -> Path:
     """A common directory standing in for ``common``: links to its data, a config of its own."""
     shadow = Path(os.path.realpath(tempfile.mkdtemp(prefix="hybrid-git-")))
-    for name in _LINKED:
-        if os.path.lexists(common / name):
-            (shadow / name).symlink_to(common / name)
+    (shadow / "info").mkdir()
+    for name, is_kind in _LINKED.items():
+        try:
+            mode = os.lstat(common / name).st_mode
+        except OSError:
+            continue
+        if not is_kind(mode):
+            shutil.rmtree(shadow, ignore_errors=True)
+            kind = "directory" if is_kind is stat.S_ISDIR else "regular file"
+            raise _Refused(f"{common / name} is not a {kind} (a link?); the repository is not read")
+        (shadow / name).symlink_to(common / name)
     kept = _kept_config(common / "config")
     (shadow / "config").write_text(
         "".join(f"[{k.split('.')[0]}]\n\t{k.split('.')[1]} = {v}\n" for k, v in kept.items())

@@ -149,3 +149,14 @@ def test_shadows_last_one_command_or_one_pin(
         git.run(["worktree", "remove", "--force", str(worktree)], repo, check=True)
     assert not list(scratch.iterdir())
     assert not (repo / ".git" / "worktrees").exists()  # registered in the shadow only
+
+
+def test_git_files_that_link_out_are_not_read(tmp_path: Path) -> None:
+    """git quotes a packed-refs line it cannot parse: one linked to a host file is refused."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\n")
+    repo = _repo(tmp_path / "repo")
+    (repo / ".git" / "packed-refs").symlink_to(secret)
+    done = git.run(["log", "--oneline"], repo, text=True)
+    assert done.returncode == 128 and "packed-refs is not a regular file" in done.stderr
+    assert "SECRETHASH" not in done.stdout + done.stderr
