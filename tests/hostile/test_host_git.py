@@ -7,9 +7,11 @@ named by ``.gitattributes``, ``diff.external``, pagers, editors, ``gpg.program``
 ``log.showSignature`` on a commit that carries a signature, ssh and credential helpers. Every
 host-side entry point that runs git on it (``map``, ``context``, ``skeleton``, the MCP tools,
 ``context eval``, the host side of ``validate`` and ``gate``, copy-in to a workstation) then
-runs, and no marker may exist afterwards. Before hybrid.git, fsmonitor (map, context, MCP),
-the clean filter (status on a racy file) and the post-checkout hook and smudge filter
-(context eval) all wrote theirs.
+runs, and no marker may exist afterwards. Before hybrid.git: map and context ran fsmonitor,
+the smudge, clean and process filters, textconv, gpg and the post-index-change hook; context
+eval ran fsmonitor, gpg, the reference-transaction hook and the process filter (without a
+process filter, also post-checkout and smudge); the gate's related tests ran fsmonitor and the
+process filter, validate's export the process filter.
 """
 
 from __future__ import annotations
@@ -274,11 +276,9 @@ def test_validate_and_gate_host_side_run_nothing(
 
 
 @pytest.mark.engine
-def test_gate_runs_nothing_on_the_host(
-    engine: Any, hostile: tuple[Path, Path], tmp_path: Path
-) -> None:
+def test_gate_runs_nothing_on_the_host(engine: Any, tmp_path: Path) -> None:
     """`hybrid gate` end to end: related tests on the host, copy-in, the review diff."""
-    repo, markers = hostile
+    repo, markers = make_git_hostile(tmp_path, hooks_path=True)
     patch = tmp_path / "fix.diff"
     patch.write_text(
         "--- a/pkg/pricing.py\n+++ b/pkg/pricing.py\n@@ -1,2 +1,3 @@\n"
@@ -290,5 +290,6 @@ def test_gate_runs_nothing_on_the_host(
         cli,
         ["gate", str(patch), "--repo", str(repo), "--test", "true", "--related", "true", "-q"],
     )
-    assert result.exit_code in (0, 1), (result.output, result.exception)
     assert ran(markers) == []
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "related tests: passed (tests/test_pricing.py)" in result.output
