@@ -21,8 +21,8 @@ on repositories that were never used here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid import git
 from hybrid.context import ranking as R
 from hybrid.context import symbols as S
 from hybrid.context.cache import TagCache
@@ -107,15 +108,17 @@ def at_parents(
         return
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-fit-"))
     worktree = tmp / "wt"
+    pin = contextlib.ExitStack()  # the worktree lives in hybrid.git's shadow of the repository
+    pin.enter_context(git.pinned(repo))
     git_checked(repo, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent)
     try:
         for case in cases:
             git_checked(worktree, "checkout", "--quiet", "--detach", "--force", case.parent)
             yield case, load_graph(worktree, cache=cache), worktree
     finally:
-        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)])
-        subprocess.run(["git", "-C", str(repo), "worktree", "prune"])
+        git.run(["worktree", "remove", "--force", str(worktree)], repo)
         shutil.rmtree(tmp, ignore_errors=True)
+        pin.close()
 
 
 def extract(repo: Path, skip: int, limit: int, cache: TagCache) -> list[Case]:

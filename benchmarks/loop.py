@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hybrid import git  # noqa: E402
 from hybrid.agent.limits import LoopBudget  # noqa: E402
 from hybrid.agent.loop import FunctionTask, RepoTask, RunReport, solve  # noqa: E402
 from hybrid.agent.models import ScriptedModel  # noqa: E402
@@ -81,8 +81,8 @@ def repo_rows(iterations: int) -> list[tuple[str, list[float], list[float]]]:
         shutil.copytree(HUMANIZE / "before", repo)
         env = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@example.invalid"}
         env |= {"GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@example.invalid"}
-        for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "b"]):
-            subprocess.run(argv, cwd=repo, env={**env, "PATH": "/usr/bin:/bin"}, check=True)
+        for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "b"]):
+            git.run_own(argv, cwd=repo, env=env, check=True)
         fix = (HUMANIZE / "fix.diff").read_text()
         wrong = [
             "```diff\n" + fix.replace("if exp < len(suffix) and", f"if {i} < 0 and") + "```"

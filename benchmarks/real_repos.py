@@ -27,7 +27,6 @@ import ast
 import json
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,6 +34,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel
+
+from hybrid import git
 
 
 class Project(BaseModel):
@@ -160,11 +161,8 @@ def mine(repo: Path, project: Project, limit: int, scan: int = 4000) -> list[str
 
     head = project.until or "HEAD"
     fields = "--format=%H%x00%s%x00%an"  # sha, subject, author
-    log = subprocess.run(
-        ["git", "-C", str(repo), "log", "--no-merges", "-n", str(scan), fields, head],
-        capture_output=True,
-        text=True,
-        check=True,
+    log = git.run(
+        ["log", "--no-merges", "-n", str(scan), fields, head], repo, text=True, check=True
     ).stdout
     picked: list[str] = []
     for line in log.splitlines():
@@ -175,11 +173,8 @@ def mine(repo: Path, project: Project, limit: int, scan: int = 4000) -> list[str
             rule.search(subject) for rule in (_NOT_A_FIX, _OTHER_PLATFORM, _ADDS_TESTS)
         ):
             continue
-        stat = subprocess.run(
-            ["git", "-C", str(repo), "diff", "--numstat", "--no-renames", f"{sha}^", sha],
-            capture_output=True,
-            text=True,
-            check=False,
+        stat = git.run(
+            ["diff", "--numstat", "--no-renames", f"{sha}^", sha], repo, text=True
         ).stdout
         rows = [r.split("\t") for r in stat.splitlines() if r.count("\t") == 2]
         if not rows or len(rows) > 8:
@@ -214,11 +209,8 @@ def adds_test_code(repo: Path, sha: str, tests: list[str]) -> bool:
     tests, has nothing that could."""
     if all(_same_python(repo, sha, path) for path in tests):
         return False  # comments, layout, trailing commas: the same syntax tree
-    diff = subprocess.run(
-        ["git", "-C", str(repo), "diff", "-U0", "--no-renames", f"{sha}^", sha, "--", *tests],
-        capture_output=True,
-        text=True,
-        check=False,
+    diff = git.run(
+        ["diff", "-U0", "--no-renames", f"{sha}^", sha, "--", *tests], repo, text=True
     ).stdout
     added: Counter[str] = Counter()
     for line in diff.splitlines():
@@ -235,9 +227,7 @@ def _same_python(repo: Path, sha: str, path: str) -> bool:
         return False
     trees = []
     for rev in (f"{sha}^", sha):
-        shown = subprocess.run(
-            ["git", "-C", str(repo), "show", f"{rev}:{path}"], capture_output=True, check=False
-        )
+        shown = git.run(["show", f"{rev}:{path}"], repo)
         try:
             trees.append(ast.dump(ast.parse(shown.stdout)) if shown.returncode == 0 else None)
         except (SyntaxError, ValueError):

@@ -29,6 +29,7 @@ coder would (identifiers and file names mentioned):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -38,6 +39,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from hybrid import git
 
 AIDER_DRIVER = r"""
 import os, subprocess, sys
@@ -129,20 +132,15 @@ def localization(repo: Path, limit: int, aider_python: str | None) -> list[list[
 
         cases = mine_cases(repo, limit)
         work = Path(tempfile.mkdtemp(prefix="hybrid-loc-"))
+        pin = contextlib.ExitStack()
+        pin.enter_context(git.pinned(repo))
         try:
             worktree = work / "wt"
-            subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(repo),
-                    "worktree",
-                    "add",
-                    "--detach",
-                    "--quiet",
-                    str(worktree),
-                    cases[0].parent,
-                ],
+            # Registered in hybrid.git's shadow of the repository, whose config runs nothing:
+            # the aider driver's own git calls in the worktree read that config too.
+            git.run(
+                ["worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent],
+                repo,
                 check=True,
             )
             (work / "cases.json").write_text(json.dumps([c.model_dump() for c in cases]))
@@ -186,12 +184,9 @@ def localization(repo: Path, limit: int, aider_python: str | None) -> list[list[
                     ]
                 )
         finally:
-            subprocess.run(
-                ["git", "-C", str(repo), "worktree", "remove", "--force", str(work / "wt")],
-                capture_output=True,
-            )
-            subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+            git.run(["worktree", "remove", "--force", str(work / "wt")], repo)
             shutil.rmtree(work, ignore_errors=True)
+            pin.close()
     return rows
 
 
@@ -276,9 +271,7 @@ def measure(
 
 def _edit_target(root: Path) -> Path:
     """A mid-sized tracked Python (or any source) file, chosen deterministically."""
-    listing = subprocess.run(
-        ["git", "-C", str(root), "ls-files"], capture_output=True, text=True, check=True
-    )
+    listing = git.run(["ls-files"], root, text=True, check=True)
     files = [
         f
         for f in listing.stdout.split()
@@ -293,12 +286,10 @@ def bench_repo(repo: Path, args: argparse.Namespace) -> list[list[str]]:
     rows: list[list[str]] = []
     work = Path(tempfile.mkdtemp(prefix="hybrid-bench-"))
     clone = work / repo.name
-    subprocess.run(["git", "clone", "--quiet", str(repo), str(clone)], check=True)
-    n_files = len(
-        subprocess.run(
-            ["git", "-C", str(clone), "ls-files"], capture_output=True, text=True
-        ).stdout.split()
-    )
+    # A local clone reads the source's objects, not its config; the clone is hybrid's own.
+    clone_argv = ["-c", "protocol.file.allow=always", "clone", "--quiet", str(repo), str(clone)]
+    git.run_own(clone_argv, cwd=work, check=True)
+    n_files = len(git.run(["ls-files"], clone, text=True).stdout.split())
     target = _edit_target(clone)
     original = target.read_bytes()
     hybrid = shutil.which("hybrid")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hybrid import checks
+from hybrid import checks, git
 
 REPO = Path(__file__).resolve().parent.parent
 # The console script next to this interpreter: a version-manager shim in front of it on PATH
@@ -68,11 +68,7 @@ def make_inputs(root: Path) -> dict[str, tuple[Callable[[], object], list[str]]]
     lines[120] = "Authorization: Bearer tok_9f8e7d6c5b4a39281706"
     lines[200] = "DB_PASSWORD=hunter2-but-longer"
     log.write_text("\n".join(lines) + "\n")
-    diff = subprocess.run(
-        ["git", "-C", str(REPO), "diff", "HEAD~3", "HEAD", "--", "hybrid", "tests"],
-        capture_output=True,
-        text=True,
-    ).stdout
+    diff = git.run(["diff", "HEAD~3", "HEAD", "--", "hybrid", "tests"], REPO, text=True).stdout
     if not diff.strip():
         diff = "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n"
     diff_file = root / "change.diff"

@@ -20,7 +20,6 @@ import functools
 import io
 import re
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
+from hybrid import git
 from hybrid.deps.detect import tag_release
 from hybrid.errors import (
     DependencyError,
@@ -618,11 +618,7 @@ def _apply(
     gone = [p for p in paths if p not in present]
     keep = [p for p in paths if p in present]
     if keep:
-        data = subprocess.run(
-            ["git", "-C", str(repo), "archive", "--format=tar", rev, "--", *keep],
-            capture_output=True,
-            check=True,
-        ).stdout
+        data = git.run(["archive", "--format=tar", rev, "--", *keep], repo, check=True).stdout
         with tempfile.TemporaryDirectory(prefix="hybrid-validate-") as tmp:
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                 tar.extractall(tmp, filter="data")
@@ -635,9 +631,7 @@ def _apply(
 def export(repo: Path, rev: str, into: Path) -> None:
     """The tree of ``rev`` written to ``into``, plus the version file a build would generate."""
     into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", rev], capture_output=True, check=True
-    ).stdout
+    archive = git.run(["archive", "--format=tar", rev], repo, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     # The export has no .git: the release it is at (its latest tag) goes in the PKG-INFO an
@@ -681,9 +675,7 @@ def _quote(text: str) -> str:
 def _git(repo: Path, *args: str, check: bool = True) -> str:
     if shutil.which("git") is None:
         raise HybridError("git is needed to read the repository's commits")
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
-    )
+    done = git.run(args, repo, text=True)
     if done.returncode != 0:
         if not check:
             return ""

@@ -339,20 +339,21 @@ def _header(line: str, old: int, new: int) -> str:
 def _checkout(source: Path, into: Path) -> Path:
     """A git work tree copy of ``source`` (its own history if it has one, else one commit)."""
     import shutil
-    import subprocess
+
+    from hybrid import git
 
     target = into / source.name
     shutil.copytree(source, target, symlinks=True)
     if not (target / ".git").exists():
         env = {
-            "PATH": "/usr/bin:/bin",
             "GIT_AUTHOR_NAME": "hybrid",
             "GIT_AUTHOR_EMAIL": "eval@hybrid.invalid",
             "GIT_COMMITTER_NAME": "hybrid",
             "GIT_COMMITTER_EMAIL": "eval@hybrid.invalid",
         }
-        for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "base"]):
-            subprocess.run(argv, cwd=target, env=env, check=True, capture_output=True)
+        # A repository made here: no hooks, no configuration but git's defaults.
+        for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+            git.run_own(argv, cwd=target, env=env, check=True)
     return target
 
 

@@ -18,6 +18,7 @@ and are not scored.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from hybrid import git
 from hybrid.context.cache import TagCache
 from hybrid.context.git import git_checked
 from hybrid.context.graph import Graph
@@ -145,9 +147,6 @@ def mine_cases(
         raise InvalidInput(f"{repo} is not a git work tree")
     # Streamed: a long history (sympy: 50k commits) is read only as far as needed.
     cmd = [
-        "git",
-        "-C",
-        str(repo_path),
         "log",
         "--no-merges",
         "--no-renames",
@@ -156,7 +155,7 @@ def mine_cases(
         rev,
     ]
     cases: list[EvalCase] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, errors="replace") as proc:
+    with git.popen(cmd, repo_path, stdout=subprocess.PIPE, text=True, errors="replace") as proc:
         assert proc.stdout is not None
         buffer: list[str] = []
         for line in proc.stdout:
@@ -306,6 +305,9 @@ def evaluate(
     tmp = Path(tempfile.mkdtemp(prefix="hybrid-eval-"))
     worktree = tmp / "wt"
     results: list[CaseResult] = []
+    # The worktree is registered in hybrid.git's shadow of the repository, pinned until the end.
+    pin = contextlib.ExitStack()
+    pin.enter_context(git.pinned(repo_path))
     try:
         git_checked(
             repo_path, "worktree", "add", "--detach", "--quiet", str(worktree), cases[0].parent
@@ -364,12 +366,9 @@ def evaluate(
             if progress:
                 progress(n + 1, len(cases))
     finally:
-        subprocess.run(
-            ["git", "-C", str(repo_path), "worktree", "remove", "--force", str(worktree)],
-            capture_output=True,
-        )
-        subprocess.run(["git", "-C", str(repo_path), "worktree", "prune"], capture_output=True)
+        git.run(["worktree", "remove", "--force", str(worktree)], repo_path)
         shutil.rmtree(tmp, ignore_errors=True)
+        pin.close()
     metrics = {
         mode: _metrics([r.rank[mode] for r in results])
         for mode in ("full", *MODES)

@@ -1,10 +1,12 @@
-"""Read-only git queries on a checkout: the one place the context package runs ``git``."""
+"""Git queries on a checkout: the one place the context package runs ``git`` (through
+``hybrid.git``, so nothing the checkout's own ``.git`` configures runs)."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
+from hybrid import git
 from hybrid.errors import ContextError
 
 
@@ -14,7 +16,7 @@ def git_output(
     """stdout of ``git -C root ARGS``; None when git is missing, times out or exits with a
     status outside ``codes``."""
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=timeout)
+        out = git.run(args, root, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode in codes else None
@@ -43,13 +45,7 @@ def git_checked(root: str | Path, *args: str, timeout: float = 600) -> str:
 def _run_text(
     root: str | Path, args: tuple[str, ...], timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["git", "-C", str(root), *args],
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=timeout,
-    )
+    return git.run(args, root, timeout=timeout, text=True)
 
 
 def repo_prefix(root: str | Path) -> str | None:

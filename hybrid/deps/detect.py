@@ -24,6 +24,7 @@ from packaging.requirements import Requirement as Req
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from hybrid import git
 from hybrid.deps.models import Declared, Requirement
 from hybrid.errors import InvalidDeclaration, InvalidInput
 from hybrid.paths import display
@@ -62,13 +63,8 @@ def tag_release(repo: Path, rev: str = "HEAD") -> str | None:
     """The version of the latest tag before ``rev`` in the git repository ``repo`` (v1.2 and
     release-1.2 give 1.2), or None: no git, no tag, or a tag that names no version."""
     try:
-        tag = subprocess.run(
-            ["git", "-C", str(repo), "describe", "--tags", "--abbrev=0", rev],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
+        tag = git.run(["describe", "--tags", "--abbrev=0", rev], repo, text=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
         return None
     version = re.sub(r"^\D+", "", tag)
     try:

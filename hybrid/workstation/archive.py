@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Protocol
 
+from hybrid import git
 from hybrid.errors import InvalidInput, WorkstationError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -31,8 +32,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
 _MAX_LINK_DEPTH = 40
-_LS_FILES = ["git", "-c", "core.fsmonitor=false", "ls-files", "-z", "--cached", "--others"]
-_LS_FILES += ["--exclude-standard"]
+_LS_FILES = ["ls-files", "-z", "--cached", "--others", "--exclude-standard"]
 
 
 @dataclass
@@ -95,14 +95,9 @@ def repo_selection(repo: Path) -> Selection:
     if stat.S_ISLNK(dot_git.st_mode):
         return Everything()  # git would follow it; the link itself is carried instead
     try:
-        listed = subprocess.run(
-            # The repository's own config must not run anything on the host (core.fsmonitor).
-            [*_LS_FILES[:1], "-C", str(repo), *_LS_FILES[1:]],
-            capture_output=True,
-            check=True,
-            env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1"},
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
+        # The repository's own config must not run anything on the host (core.fsmonitor).
+        listed = git.run(_LS_FILES, repo, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
         return Everything()
     paths = [os.fsdecode(p).rstrip("/") for p in listed.split(b"\0") if p and p.rstrip(b"/")]
     return Listed(paths)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import zlib
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from hybrid import git
 from hybrid.errors import EngineUnavailable, WorkstationError
 from hybrid.workstation import state
 
@@ -168,27 +168,22 @@ class Baseline:
         git_dir: bool = True,
     ) -> bytes:
         # Nothing from the user's or the system's git config (aliases, pagers, excludes,
-        # attributes, external diff drivers) takes part.
+        # attributes, external diff drivers) takes part: hybrid.git's environment, and a home
+        # with no files in it.
         home = str(self.git_dir / "no-home")
         scrubbed = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": home,
             "XDG_CONFIG_HOME": home,
-            "LC_ALL": "C",
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_ATTR_NOSYSTEM": "1",
-            "GIT_TERMINAL_PROMPT": "0",
             **({"GIT_DIR": str(self.git_dir)} if git_dir else {}),
             **(env or {}),
         }
         try:
-            done = subprocess.run(
-                ["git", *_GIT_OPTIONS, *args],
-                input=input,
-                capture_output=True,
-                env=scrubbed,
+            done = git.run_own(
+                [*_GIT_OPTIONS, *args],
                 cwd=cwd or self.git_dir.parent,
+                env=scrubbed,
+                input=input,
+                timeout=None,
             )
         except FileNotFoundError:
             raise EngineUnavailable(
