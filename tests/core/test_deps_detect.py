@@ -29,7 +29,7 @@ def test_pyproject_groups_extras_and_self_references(tmp_path: Path) -> None:
 
 def test_requirements_includes_hashes_and_setup_py_never_runs(tmp_path: Path) -> None:
     (tmp_path / "requirements-dev.txt").write_text(
-        "-r requirements/base.txt\n-e .[extra]\n--index-url http://ignored.invalid/simple\n"
+        "-r requirements/base.txt\n-e .[extra]\n--pre\n"
         "six==1.16.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"
     )
     (tmp_path / "requirements").mkdir()
