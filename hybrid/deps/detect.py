@@ -117,7 +117,11 @@ class _Reader:
         """requirements*.txt, requirements/*.txt and *requirements*/*.txt, listed without
         following a link (a linked directory is refused, not listed)."""
         found: list[str] = []
-        top = files.names(self.repo)
+        try:
+            top = files.names(self.repo)
+        except files.Unreadable as exc:
+            self.refused.append(f"deps: {exc}: not read, refused")
+            return []
         found += [n for n in top if fnmatch.fnmatchcase(n, "requirements*.txt")]
         directories = [n for n in top if fnmatch.fnmatchcase(n, "*requirements*")]
         # requirements/ first, as before: the order the requirements are listed in.
@@ -129,11 +133,12 @@ class _Reader:
                     f"deps: {files.shown(directory)} is a symbolic link: not read, refused"
                 )
             elif kind == "dir":
-                found += [
-                    f"{directory}/{n}"
-                    for n in files.names(self.repo, directory)
-                    if n.endswith(".txt")
-                ]
+                try:
+                    inner = files.names(self.repo, directory)
+                except files.Unreadable as exc:
+                    self.refused.append(f"deps: {exc}: not read, refused")
+                    continue
+                found += [f"{directory}/{n}" for n in inner if n.endswith(".txt")]
         return found
 
     def _version(self) -> str | None:
@@ -513,13 +518,13 @@ class _Reader:
             declared.python.append(
                 Requirement(spec=spec, source=source, pinned=bool(pins) or name in declared.locked)
             )
-        if self.refused:
-            raise PolicyViolation(list(dict.fromkeys(self.refused)))
         if project:
             src = self.repo / "src"
             package = files.kind(self.repo, "src") == "dir" and any(src.glob("*/__init__.py"))
             declared.paths = ["src"] if package else ["."]
             declared.version = self._version()
+        if self.refused:
+            raise PolicyViolation(list(dict.fromkeys(self.refused)))
         declared.sources = sorted(self.read)
         digest = hashlib.sha256()
         for rel in sorted(self.read):

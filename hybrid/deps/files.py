@@ -75,6 +75,8 @@ def kind(repo: Path, rel: str) -> str | None:
             if parent is None:
                 return None
             info = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
     except (Unreadable, OSError):
         return "other"
     if stat.S_ISLNK(info.st_mode):
