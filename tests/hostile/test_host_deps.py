@@ -526,12 +526,16 @@ def test_a_lockfile_entry_off_the_registry_is_refused(attack: Attack, case: str)
     assert attack.recorder.untouched(), attack.recorder.requests
 
 
-def test_a_registry_lockfile_still_locks(tmp_path: Path) -> None:
-    """The control: a lockfile npm made from the user's registry packs and passes its integrity."""
+def test_a_registry_lockfile_still_locks_and_repository_configs_are_not_read(
+    attack: Attack,
+) -> None:
+    """The control (it passes before the fix too): a lockfile npm made from the user's registry
+    packs and passes its integrity, and pip resolves a plain pin through the user's index. The
+    repository's own ``.npmrc`` and ``pip.conf`` pointing at the loopback server take no part."""
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed on the host")
-    repo = tmp_path / "node"
-    repo.mkdir()
+    repo = attack.repo
+    loopback = f"http://127.0.0.1:{attack.recorder.port}/"
     (repo / "package.json").write_text(
         json.dumps({"name": "demo", "version": "1.0.0", "dependencies": {"ms": "2.1.3"}})
     )
@@ -542,8 +546,13 @@ def test_a_registry_lockfile_still_locks(tmp_path: Path) -> None:
         capture_output=True,
         timeout=300,
     )
+    (repo / ".npmrc").write_text(f"registry={loopback}\n")
+    (repo / "pip.conf").write_text(f"[global]\nindex-url = {loopback}simple\n")
+    (repo / "requirements.txt").write_text("six==1.16.0\n")
     manifest = deps.lock(repo, deps.detect(repo), TARGET)
-    assert ("ms", "2.1.3") in {(a.name, a.version) for a in manifest.artifacts}
+    found = {(a.ecosystem, a.name, a.version) for a in manifest.artifacts}
+    assert {("node", "ms", "2.1.3"), ("python", "six", "1.16.0")} <= found
+    assert attack.recorder.untouched(), attack.recorder.requests
 
 
 # -- with the engine: ws up --deps and validate take the same refusal ---------------------------
