@@ -37,6 +37,7 @@ from hybrid.paths import display
 
 _TOX_FACTOR = re.compile(r"^!?[\w.-]+(,!?[\w.-]+)*:\s")  # "coverage: coverage", "py38,py39: x"
 _TEST_FACTORS = {"unit", "test", "tests", "testing", "pytest"}
+_LOCAL_SOURCE = {"path", "git", "url", "file", "workspace"}  # poetry's and uv's source keys
 _SKIP_REQ = re.compile(r"(docs?|doc-|lint|typecheck|release|publish)", re.IGNORECASE)
 
 
@@ -95,6 +96,7 @@ class _Reader:
         self.read: dict[str, bytes] = {}
         self.versions: list[str] = []  # the project's own version, as its files state it
         self.refused: list[str] = []  # every entry or file refused, one line each
+        self.sourced: dict[str, str] = {}  # name -> where a path/git/url source is declared
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -191,14 +193,28 @@ class _Reader:
                 for spec in self._group(groups, group, set()):
                     self.wanted.append((spec, "pyproject.toml"))
         # Poetry's tables: names only matter with poetry.lock, which pins them.
-        for table in (poetry.get("dependencies"), poetry.get("dev-dependencies")):
-            for dep in table or {}:
+        tables = [poetry.get("dependencies"), poetry.get("dev-dependencies")]
+        for group, body in (poetry.get("group") or {}).items():
+            if canonicalize_name(group) in self.groups and isinstance(body, dict):
+                tables.append(body.get("dependencies"))
+        for table in tables:
+            for dep, value in table.items() if isinstance(table, dict) else ():
                 if dep.lower() != "python":
                     self.wanted.append((dep, "pyproject.toml"))
-        for group, body in (poetry.get("group") or {}).items():
-            if canonicalize_name(group) in self.groups:
-                for dep in (body or {}).get("dependencies") or {}:
-                    self.wanted.append((dep, "pyproject.toml"))
+                    self._source(dep, value, "[tool.poetry] dependencies")
+        # A name uv takes from a path, git, a URL or a workspace member: by name from the index
+        # it would be some other package of that name, and from its source a build here.
+        uv = ((data.get("tool") or {}).get("uv") or {}).get("sources") or {}
+        for dep, value in uv.items() if isinstance(uv, dict) else ():
+            self._source(str(dep), value, "[tool.uv.sources]")
+
+    def _source(self, dep: str, value: Any, table: str) -> None:
+        """Record ``dep`` as refused when ``table`` gives it a source other than an index."""
+        entries = value if isinstance(value, list) else [value]
+        for entry in entries:
+            if isinstance(entry, dict) and _LOCAL_SOURCE & set(entry):
+                kind = sorted(_LOCAL_SOURCE & set(entry))[0]
+                self.sourced[canonicalize_name(dep)] = f"pyproject.toml {table}: {kind}"
 
     def _group(self, groups: dict[str, Any], name: str, seen: set[str]) -> list[str]:
         if name in seen:
@@ -512,6 +528,13 @@ class _Reader:
         for spec, source in chosen:
             req = Req(spec)
             name = canonicalize_name(req.name)
+            if name in self.sourced:
+                self.refused.append(
+                    f"deps: {req.name} has a source that is not an index "
+                    f"({self.sourced[name]}): refused, only packages from the configured index "
+                    "are fetched"
+                )
+                continue
             pins = [
                 s for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version
             ]

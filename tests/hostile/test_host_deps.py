@@ -288,6 +288,29 @@ def test_an_index_or_link_option_in_a_requirements_file_is_refused(
     _every_entry_point(attack, hybrid_cli)
 
 
+@pytest.mark.parametrize(
+    "table",
+    [
+        '[tool.poetry]\nname = "demo"\n[tool.poetry.dependencies]\nevilpkg = {{ path = "{package}" }}\n',
+        '[tool.poetry]\nname = "demo"\n[tool.poetry.group.test.dependencies]\n'
+        'evilpkg = {{ git = "file://{git}" }}\n',
+        '[project]\nname = "demo"\ndependencies = ["evilpkg"]\n'
+        '[tool.uv.sources]\nevilpkg = {{ path = "{package}" }}\n',
+        '[project]\nname = "demo"\ndependencies = ["evilpkg"]\n'
+        '[tool.uv.sources]\nevilpkg = {{ url = "http://127.0.0.1:{port}/evilpkg-1.0.tar.gz" }}\n',
+    ],
+    ids=["poetry path", "poetry git", "uv path", "uv url"],
+)
+def test_a_path_git_or_url_source_table_is_refused(
+    attack: Attack, hybrid_cli: Callable[..., tuple[int, str, str]], table: str
+) -> None:
+    """Poetry's and uv's source tables: the name is neither built from its source here nor
+    taken from the index as whatever else bears it."""
+    text = table.format(package=attack.package, git=attack.git, port=attack.recorder.port)
+    attack.write({"pyproject.toml": text})
+    _every_entry_point(attack, hybrid_cli)
+
+
 def test_lock_refuses_a_direct_reference_it_is_handed(attack: Attack) -> None:
     """``lock`` is public: a Declared built by a caller is screened again before pip runs."""
     declared = Declared(
