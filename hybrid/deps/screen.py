@@ -64,9 +64,6 @@ def requirement(spec: str, where: str) -> tuple[Requirement | None, str | None]:
     if "${" in spec:
         # pip expands ${VAR} from the host's environment inside requirements files.
         return None, f"deps: {where}: a requirement naming an environment variable: refused"
-    if kind := direct_kind(spec):
-        # Also what parses as a name: pip installs "pkg-1.0.tar.gz" from a file of that name.
-        return None, f"deps: {where}: {_DIRECT.format(kind)}"
     try:
         req = Requirement(spec)
     except InvalidRequirement:
@@ -75,6 +72,9 @@ def requirement(spec: str, where: str) -> tuple[Requirement | None, str | None]:
     if req.url:
         scheme = urlsplit(req.url).scheme or "path"
         return None, f"deps: {where}: {req.name} is {_DIRECT.format(f'{scheme}:')}"
+    if kind := direct_kind(req.name):
+        # It parses as a name, but pip installs "pkg-1.0.tar.gz" from a file of that name.
+        return None, f"deps: {where}: {_DIRECT.format(kind)}"
     return req, None
 
 
