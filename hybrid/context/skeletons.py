@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from hybrid.context.languages import grammar, language_for
 from hybrid.errors import ContextError, InvalidInput
+from hybrid.paths import display
+from hybrid.repofs import Refused, read_file
 
 if TYPE_CHECKING:
     from tree_sitter import Node
@@ -200,13 +202,17 @@ def skeleton_source(source: bytes, lang: str) -> str:
 
 
 def skeleton(path: str | Path) -> str:
-    """Skeleton of one file on disk (language from its extension)."""
+    """Skeleton of one file on disk (language from its extension).
+
+    Only a regular file is read, bounded, and a symlink as the file itself is not followed
+    (its directories are the caller's choice): a FIFO or a link to a host file named like a
+    source is one ``InvalidInput`` line."""
     p = Path(path)
     lang = language_for(p.name)
     if lang is None:
-        raise InvalidInput(f"{path}: unsupported file type")
+        raise InvalidInput(f"{display(path)}: unsupported file type")
     try:
-        source = p.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"{path}: {exc.strerror or exc}") from exc
+        source = read_file(p.parent, p.name)
+    except Refused as exc:
+        raise InvalidInput(f"{display(path)}: {exc.reason}") from None
     return skeleton_source(source, lang)
