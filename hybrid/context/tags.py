@@ -421,9 +421,10 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
             tag = json.loads(line)
         except ValueError:
             continue
-        path = copies.get(tag.get("path", ""))
-        if tag.get("_type") != "tag" or path not in defs:
+        found_in = copies.get(tag.get("path", ""))
+        if tag.get("_type") != "tag" or found_in is None or found_in not in defs:
             continue
+        path = found_in
         lineno = int(tag.get("line", 0))
         signature = f"{tag.get('kind', '')} {tag['name']}{tag.get('signature', '')}".strip()
         defs[path].append(
