@@ -206,9 +206,11 @@ def test_fifo_device_and_links_in_a_plain_directory(plain: Hostile, command: str
 
 
 def test_skeleton_reads_no_fifo_device_or_link(plain: Hostile) -> None:
-    """`hybrid skeleton` on a FIFO, a device and a link named like sources: one line each, no hang."""
-    for name, word in [("x.py", "FIFO"), ("shadow.py", "symlink"), ("null.py", "device")]:
-        if name not in plain.skipped:
+    """`hybrid skeleton` on a FIFO, a device, a link named like a source and a file under a
+    linked directory: one line each, no hang, nothing read."""
+    cases = [("x.py", "FIFO"), ("shadow.py", "symlink"), ("null.py", "device")]
+    for name, word in [*cases, ("linked/a.py", "symlink")]:
+        if name not in plain.skipped and "/" not in name:
             continue
         made = run_cli(plain.env, "skeleton", str(plain.repo / name))
         assert made.returncode == 2, (name, made.stdout, made.stderr)
