@@ -68,10 +68,13 @@ def _parts(rel: str) -> list[str]:
     return parts
 
 
-def read_file(root: str | os.PathLike[str], rel: str, limit: int = MAX_READ_BYTES) -> bytes:
+def read_file(
+    root: str | os.PathLike[str], rel: str, limit: int = MAX_READ_BYTES, *, one_link: bool = False
+) -> bytes:
     """The bytes of regular file ``rel`` (a POSIX path relative to ``root``), read without
     following a symlink in any component; more than ``limit`` bytes, a link, a FIFO, a device
-    or a missing file raises ``Refused``."""
+    or a missing file raises ``Refused``. ``one_link`` also refuses a hard-linked file (another
+    name of a file that may live outside the repository)."""
     parts = _parts(rel)
     try:
         fd = os.open(root, _DIR)
@@ -82,7 +85,7 @@ def read_file(root: str | os.PathLike[str], rel: str, limit: int = MAX_READ_BYTE
             sub = _enter(fd, part, "/".join(parts[: k + 1]), rel)
             os.close(fd)
             fd = sub
-        return _read_regular(fd, parts[-1], rel, limit)
+        return _read_regular(fd, parts[-1], rel, limit, one_link)
     finally:
         os.close(fd)
 
@@ -106,7 +109,7 @@ def _parent_reason(so_far: str, mode: int) -> str:
     return f"{so_far} is not a directory"
 
 
-def _read_regular(dir_fd: int, name: str, rel: str, limit: int) -> bytes:
+def _read_regular(dir_fd: int, name: str, rel: str, limit: int, one_link: bool) -> bytes:
     try:
         # lstat first: a device node is never opened (opening one can act on the device).
         reason = kind_of(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
@@ -118,9 +121,12 @@ def _read_regular(dir_fd: int, name: str, rel: str, limit: int) -> bytes:
     except OSError as exc:
         raise Refused(rel, f"unreadable: {exc.strerror}") from None
     try:
-        reason = kind_of(os.fstat(fd).st_mode)
+        opened = os.fstat(fd)
+        reason = kind_of(opened.st_mode)
         if reason is not None:  # swapped since the lstat
             raise Refused(rel, reason)
+        if one_link and opened.st_nlink > 1:
+            raise Refused(rel, "hard-linked (it may be a file outside the repository)")
         chunks: list[bytes] = []
         got = 0
         while got <= limit:

@@ -8,8 +8,8 @@ directory with ``O_NOFOLLOW``: a symbolic link anywhere on the way, a FIFO, a de
 or a hard-linked file (another name of a file that may live outside) is refused, and a read is
 bounded. Errors name the path, never the bytes.
 
-(hybrid/paths.py may grow a shared no-follow reader for context reads; this module keeps the
-same rules for declarations until the two are one.)
+The reading itself is ``hybrid.repofs``'s, as for context; this module adds the lexical rules
+of an include, refuses hard links, and lists and classifies paths without following links.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from hybrid import repofs
 from hybrid.paths import display
 
 MAX_BYTES = 32 * 1024 * 1024
 """The largest declaration read (a big package-lock.json is a few MB)."""
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 def shown(text: str | os.PathLike[str]) -> str:
@@ -55,15 +55,16 @@ def inside(rel: str) -> str:
 
 def read(repo: Path, rel: str, *, limit: int = MAX_BYTES) -> bytes | None:
     """The bytes of ``repo/rel``, or None when nothing is there; Unreadable when it is anything
-    but a regular file reached inside ``repo`` without following a link."""
+    but a regular file reached inside ``repo`` without following a link, or is hard-linked."""
     rel = inside(rel)
-    parts = rel.split("/")
-    if parts == ["."]:
+    if rel == ".":
         raise Unreadable(f"{shown(rel)} is a directory")
-    with _walk(repo, parts[:-1], rel) as parent:
-        if parent is None:
+    try:
+        return repofs.read_file(repo, rel, limit, one_link=True)
+    except repofs.Refused as exc:
+        if exc.reason == repofs.MISSING:
             return None
-        return _read_at(parent, parts[-1], rel, limit)
+        raise Unreadable(f"{shown(rel)}: {exc.reason}") from None
 
 
 def kind(repo: Path, rel: str) -> str | None:
@@ -127,51 +128,3 @@ def _walk(repo: Path, parts: list[str], rel: str) -> Iterator[int | None]:
     finally:
         if fd >= 0:
             os.close(fd)
-
-
-def _read_at(parent: int, name: str, rel: str, limit: int) -> bytes | None:
-    try:
-        before = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise Unreadable(f"{shown(rel)}: cannot read: {exc.strerror}") from None
-    _check(before, rel)
-    # Checked before opening: opening a FIFO or a device can block or act on it.
-    try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Unreadable(f"{shown(rel)} is a symbolic link") from None
-        raise Unreadable(f"{shown(rel)}: cannot read: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        _check(info, rel)
-        if (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
-            raise Unreadable(f"{shown(rel)} changed while it was opened")
-        if info.st_size > limit:
-            raise Unreadable(f"{shown(rel)} is larger than {limit} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                raise Unreadable(f"{shown(rel)} is larger than {limit} bytes")
-        return b"".join(chunks)
-    except OSError as exc:
-        raise Unreadable(f"{shown(rel)}: cannot read: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-
-
-def _check(info: os.stat_result, rel: str) -> None:
-    mode = info.st_mode
-    if stat.S_ISLNK(mode):
-        raise Unreadable(f"{shown(rel)} is a symbolic link")
-    if stat.S_ISDIR(mode):
-        raise Unreadable(f"{shown(rel)} is a directory")
-    if not stat.S_ISREG(mode):
-        raise Unreadable(f"{shown(rel)} is not a regular file (a FIFO, socket or device)")
-    if info.st_nlink > 1:
-        raise Unreadable(f"{shown(rel)} is hard-linked (it may be a file outside the repository)")
