@@ -111,3 +111,22 @@ def display(path: str | os.PathLike[str]) -> str:
     except UnicodeEncodeError:
         raw = text.encode("utf-8", "backslashreplace")
     return raw.decode("utf-8", "backslashreplace")
+
+
+# C0 and C1 controls, DEL, line/paragraph separators and bidirectional overrides: what can
+# move a terminal's cursor, start an escape sequence, forge a line or reorder what is shown.
+_UNPRINTABLE = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
+    **{c: f"\\u{c:04x}" for c in (0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A))},
+    ord("\n"): "\\n",
+    ord("\t"): "\\t",
+    ord("\r"): "\\r",
+}
+
+
+def printable(name: str) -> str:
+    """A name (a repository's file name) safe to show on a terminal or in a line-based listing:
+    control characters escaped (``\\n``, ``\\x1b``), so a name cannot send terminal escapes or
+    forge lines; bytes that are not UTF-8 are shown as escapes too (see ``display``). JSON
+    output needs no such care (json escapes them)."""
+    return display(name).translate(_UNPRINTABLE)

@@ -11,6 +11,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from hybrid.errors import InvalidInput
+from hybrid.repofs import MISSING, Refused, read_text
 
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
 _BLOCK = re.compile(
@@ -64,6 +65,21 @@ def _safe_path(name: str) -> str:
     return pure.as_posix()
 
 
+def _original(repo: Path, path: str) -> str | None:
+    """The file an edit block names, None when it does not exist (the block creates it).
+
+    Read by ``hybrid.repofs``: a symlink (``x.py -> /etc/shadow``, or under a linked directory),
+    a FIFO or a device is refused, never read (its content would go into the diff)."""
+    try:
+        return read_text(repo, path)
+    except Refused as exc:
+        if exc.reason == MISSING:
+            return None
+        raise MalformedAnswer(
+            f"edit block path {path!r}: {exc.reason}; edit a regular file"
+        ) from None
+
+
 def _edits_to_diff(text: str, repo: Path) -> str:
     blocks = _BLOCK.findall(text)
     if not blocks:
@@ -71,7 +87,7 @@ def _edits_to_diff(text: str, repo: Path) -> str:
             "edit blocks must be: the file path on its own line, then <<<<<<< SEARCH, the exact "
             "old lines, =======, the new lines, >>>>>>> REPLACE"
         )
-    root = repo.resolve()
+    originals: dict[str, str | None] = {}
     current: dict[str, str | None] = {}
     for name, search_lines, replace_lines in blocks:
         # The groups stop before the newline that ends their last line.
@@ -79,10 +95,7 @@ def _edits_to_diff(text: str, repo: Path) -> str:
         replace = replace_lines + "\n" if replace_lines else ""
         path = _safe_path(name)
         if path not in current:
-            target = (root / path).resolve()
-            if not target.is_relative_to(root):
-                raise MalformedAnswer(f"edit block path {path!r} leaves the repository")
-            current[path] = target.read_text("utf-8", "replace") if target.is_file() else None
+            originals[path] = current[path] = _original(repo, path)
         old = current[path]
         if old is None:
             if search.strip():
@@ -99,8 +112,7 @@ def _edits_to_diff(text: str, repo: Path) -> str:
         current[path] = old.replace(search, replace, 1)
     chunks: list[str] = []
     for path, new in current.items():
-        target = root / path
-        old_text = target.read_text("utf-8", "replace") if target.is_file() else None
+        old_text = originals[path]
         if new == old_text or new is None:
             continue
         header = f"diff --git a/{path} b/{path}\n"

@@ -18,7 +18,7 @@ from hybrid import checks
 from hybrid.cli._options import budget_options, secret_path_option, secret_scope, spec_from_options
 from hybrid.cli._output import emit, json_option, to_jsonable
 from hybrid.errors import ExecutionError, InvalidInput
-from hybrid.paths import display
+from hybrid.paths import printable
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import Termination
 
@@ -230,11 +230,13 @@ def grep_cmd(
     )
 
     def shown(path: str) -> str:
+        # A file name with an escape sequence or a newline must not act on the terminal or
+        # forge a match line.
         if directory is None:
-            return path
+            return printable(path)
         if not Path(directory).is_dir():
-            return display(directory)
-        return display(directory) + ("" if directory.endswith("/") else "/") + path
+            return printable(directory)
+        return printable(directory) + ("" if directory.endswith("/") else "/") + printable(path)
 
     def render() -> None:
         for m in report.matches:
@@ -267,7 +269,7 @@ def _skipped(report: checks.GrepReport) -> str:
         )
         if n
     ]
-    parts += [f"unreadable: {entry}" for entry in report.unreadable[:3]]
+    parts += [f"unreadable: {printable(entry)}" for entry in report.unreadable[:3]]
     if len(report.unreadable) > 3:
         parts.append(f"{len(report.unreadable) - 3} more unreadable (see --json)")
     return f" (skipped {', '.join(parts)})" if parts else ""

@@ -8,6 +8,7 @@ import click
 
 from hybrid.cli._output import emit, json_option
 from hybrid.cli._progress import progress as _progress
+from hybrid.paths import printable
 
 _MODES = click.Choice(["fused", "bm25", "graph"])
 _VARIANT_LABELS = {
@@ -43,6 +44,7 @@ def map_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> None
 
     def render() -> None:
         click.echo(result.text, nl=False)
+        _skipped(result.skipped)
         quiet = len(result.files_without_symbols)
         if quiet or result.skipped:
             click.echo(
@@ -65,10 +67,16 @@ def skeleton_cmd(files: tuple[str, ...], as_json: bool) -> None:
     def render() -> None:
         for item in result:
             if len(result) > 1:
-                click.echo(f"# {item['path']}")
+                click.echo(f"# {printable(item['path'])}")
             click.echo(item["skeleton"], nl=False)
 
     emit(result, as_json, render)
+
+
+def _skipped(skipped: list[str]) -> None:
+    """Name every source file left out (a symlink, a FIFO...): the reader must know why."""
+    for line in skipped:
+        click.echo(f"# skipped {printable(line)}", err=True)
 
 
 class _DefaultToPack(click.Group):
@@ -103,8 +111,10 @@ def pack_cmd(path: str, task: str, tokens: int, mode: str, as_json: bool) -> Non
 
     def render() -> None:
         for item in result.items:
-            click.echo(f"=== {item.kind} {item.path or ''} ({item.tokens} tokens): {item.reason}")
+            head = f"{item.kind} {item.path or ''} ({item.tokens} tokens): {item.reason}"
+            click.echo(f"=== {printable(head)}")
             click.echo(item.text.rstrip("\n"))
+        _skipped(result.skipped)
         click.echo(f"=== {result.tokens}/{result.budget} tokens", err=True)
 
     emit(result, as_json, render)

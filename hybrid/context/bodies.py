@@ -18,6 +18,8 @@ from hybrid.context.resolve import test_spans
 from hybrid.context.symbols import SymbolHit, leading_start
 from hybrid.context.tags import FILE_KIND, Definition
 from hybrid.context.text import IDENT_RE, count_tokens
+from hybrid.paths import printable
+from hybrid.repofs import Refused, read_text
 
 FRAME_SHARE = 0.1  # a file's frame (all but its function bodies) costing at most this share
 SMALL_FILE_SHARE = 0.25  # a whole file costing at most this share of the budget goes in whole
@@ -195,8 +197,8 @@ class BodyPacker:
         if f is not None:
             return f
         try:
-            text = (self.root / path).read_text("utf-8", "replace")
-        except OSError:
+            text = read_text(self.root, path)
+        except Refused:
             return None
         lang = self.langs.get(path, "")
         lines = text.splitlines()
@@ -254,7 +256,7 @@ class BodyPacker:
         a, b = hit.span  # the body with its doc comment and decorators
         if f is None or f.whole or all(f.shown[a : b + 1]):
             return False
-        whole_cost = _cost(f"# {f.path}\n" + "\n".join(f.lines) + "\n")
+        whole_cost = _cost(f"# {printable(f.path)}\n" + "\n".join(f.lines) + "\n")
         share = FIRST_FILE_SHARE if not self.order or self.order == [f.path] else SMALL_FILE_SHARE
         d = hit.definition
         if d.kind == FILE_KIND:  # a file without definitions goes in whole or not at all
@@ -319,9 +321,9 @@ class BodyPacker:
         """The file's text as packed: whole, or its shown lines with each run of lines
         left out marked ``⋮`` (blank lines between two such runs dropped)."""
         if f.whole:
-            return f"# {f.path}\n" + "\n".join(f.lines) + "\n"
+            return f"# {printable(f.path)}\n" + "\n".join(f.lines) + "\n"
         shown = shown if shown is not None else f.shown
-        out = [f"# {f.path}"]
+        out = [f"# {printable(f.path)}"]
         n, last = 1, len(f.lines)
         while n <= last:
             if shown[n]:

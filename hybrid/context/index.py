@@ -10,6 +10,10 @@ What is read of a file up front is what the graph needs: Python files are scanne
 parsed with tree-sitter (their ``Slim`` comes from the tags). A Python file's full tags
 (signatures, line spans) are parsed when something first asks for them
 (``RepoIndex.payloads``): a map shows a few dozen files of thousands.
+
+The checkout is hostile: every file is listed with ``lstat`` and read by ``hybrid.repofs``,
+so a symlink (``src/x.py -> /etc/shadow``, a tracked ``pkg/`` replaced by a link), a FIFO or a
+device named like a source is skipped and named in ``skipped``, never read.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from hybrid.context.graph import Slim, slim
 from hybrid.context.languages import language_for
 from hybrid.context.tags import FileTags, Payload, ctags_available, extract_ctags, extract_file
 from hybrid.errors import ContextError
+from hybrid.repofs import MAX_READ_BYTES, MISSING, Refused, Tree, read_file
 
-MAX_FILE_BYTES = 1_000_000
+MAX_FILE_BYTES = MAX_READ_BYTES
 _SKIP_DIRS = frozenset(
     {"node_modules", "__pycache__", "venv", ".venv", "build", "dist", "target", "vendor"}
 )
@@ -142,7 +147,7 @@ class RepoIndex:
             fresh: dict[str, Slim] = {}
             scan_now = [f for f in first.values() if f.lang == lexical.LANG]
             for f in scan_now:
-                fresh[_key(f)] = _scan_file(str(self.root / f.path))
+                fresh[_key(f)] = _scan_file(str(self.root), f.path)
             from_tags = [f.path for f in first.values() if f.lang != lexical.LANG]
             for path, payload in self.payloads(from_tags).items():
                 fresh[_key(self._by_path()[path])] = slim(payload)
@@ -177,13 +182,6 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _hash_file(path: Path) -> str | None:
-    try:
-        return blob_id(path.read_bytes())
-    except OSError:
-        return None
-
-
 def _wanted(path: str) -> str | None:
     lang = language_for(path)
     if lang is None:
@@ -194,7 +192,7 @@ def _wanted(path: str) -> str | None:
     return lang
 
 
-def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
+def _scan_git(root: Path, stats: IndexStats, tree: Tree) -> list[SourceFile | Skipped] | None:
     top_raw = git_output(root, "rev-parse", "--show-toplevel")
     if top_raw is None:
         return None
@@ -206,6 +204,7 @@ def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
     if listing is None or status is None:
         return None
     ids: dict[str, str] = {}
+    links: set[str] = set()
     for entry in listing.split(b"\0"):
         if not entry:
             continue
@@ -213,6 +212,8 @@ def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
         mode, blob, _stage = meta.split(b" ")
         if mode in (b"100644", b"100755"):
             ids[name.decode("utf-8", "surrogateescape")] = blob.decode()
+        elif mode == b"120000":
+            links.add(name.decode("utf-8", "surrogateescape"))
     dirty: set[str] = set()
     for entry in status.split(b"\0"):
         if len(entry) < 4:
@@ -222,64 +223,92 @@ def _scan_git(root: Path, stats: IndexStats) -> list[SourceFile] | None:
             dirty.add(changed)
         elif xy[0:1] == b"D":
             ids.pop(changed, None)
-    files: list[SourceFile] = []
-    for tracked in sorted(set(ids) | dirty):
+    found: list[SourceFile | Skipped] = []
+    for tracked in sorted(set(ids) | dirty | links):
         if prefix and not tracked.startswith(prefix):
             continue
         rel = tracked[len(prefix) :]
         lang = _wanted(rel)
         if lang is None:
             continue
-        if tracked in dirty:
-            path = root / rel
-            if not path.is_file():
-                continue
-            content_id = _hash_file(path)
-            stats.hashed += 1
-            if content_id is None:
-                continue
+        # Clean tracked files too: git's index says nothing of a parent directory replaced by
+        # a symlink (with skip-worktree or assume-unchanged, not even that the file changed).
+        st, why = tree.check(rel)
+        if st is None:
+            if why != MISSING:
+                found.append(Skipped(rel, why or ""))
+            continue
+        if tracked in dirty or tracked not in ids:
+            made = _hashed(root, rel, lang, st.st_size, stats)
         else:
-            content_id = ids[tracked]
-        files.append(SourceFile(rel, content_id, lang))
-    return files
+            made = SourceFile(rel, ids[tracked], lang, st.st_size)
+        if made is not None:
+            found.append(made)
+    return found
 
 
-def _scan_walk(root: Path, stats: IndexStats) -> list[SourceFile]:
-    files: list[SourceFile] = []
+def _hashed(
+    root: Path, rel: str, lang: str, size: int, stats: IndexStats
+) -> SourceFile | Skipped | None:
+    """A changed or unversioned file with the blob id of its content (read safely)."""
+    if size > MAX_FILE_BYTES:
+        return Skipped(rel, f"larger than {MAX_FILE_BYTES} bytes")
+    try:
+        data = read_file(root, rel, MAX_FILE_BYTES)
+    except Refused as exc:
+        return None if exc.reason == MISSING else Skipped(rel, exc.reason)
+    stats.hashed += 1
+    return SourceFile(rel, blob_id(data), lang, len(data))
+
+
+def _scan_walk(root: Path, stats: IndexStats, tree: Tree) -> list[SourceFile | Skipped]:
+    found: list[SourceFile | Skipped] = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            lang = _wanted(rel)
-            if lang is None or path.is_symlink():
+        base = Path(dirpath).relative_to(root).as_posix()
+        base = "" if base == "." else base + "/"
+        kept = []
+        for d in sorted(dirnames):
+            if d in _SKIP_DIRS or d.startswith("."):
                 continue
-            content_id = _hash_file(path)
-            stats.hashed += 1
-            if content_id is not None:
-                files.append(SourceFile(rel, content_id, lang))
-    return files
+            if os.path.islink(os.path.join(dirpath, d)):  # os.walk lists it, never enters it
+                found.append(Skipped(base + d, "a symlink (not followed)"))
+            else:
+                kept.append(d)
+        dirnames[:] = kept
+        for name in sorted(filenames):
+            rel = base + name
+            lang = _wanted(rel)
+            if lang is None:
+                continue
+            st, why = tree.check(rel)
+            if st is None:
+                if why != MISSING:
+                    found.append(Skipped(rel, why or ""))
+                continue
+            made = _hashed(root, rel, lang, st.st_size, stats)
+            if made is not None:
+                found.append(made)
+    return found
 
 
 def scan(root: Path, stats: IndexStats | None = None) -> tuple[list[SourceFile], list[Skipped]]:
-    """Source files under ``root`` with content ids, and files skipped with the reason."""
+    """Source files under ``root`` with content ids, and files skipped with the reason.
+
+    Only regular files reached without a symlink are indexed; a source-named symlink, FIFO,
+    device or a file under a symlinked directory is skipped and named, never read."""
     stats = stats if stats is not None else IndexStats()
-    skipped: list[Skipped] = []
-    found = _scan_git(root, stats)
+    tree = Tree(root)
+    found = _scan_git(root, stats, tree)
     if found is None:
-        found = _scan_walk(root, stats)
+        found = _scan_walk(root, stats, tree)
     kept: list[SourceFile] = []
-    base = str(root)
+    skipped: list[Skipped] = []
     for f in found:
-        try:
-            size = os.stat(os.path.join(base, f.path)).st_size
-        except OSError:
-            skipped.append(Skipped(f.path, "unreadable"))
-            continue
-        if size > MAX_FILE_BYTES:
+        if isinstance(f, Skipped):
+            skipped.append(f)
+        elif f.size > MAX_FILE_BYTES:
             skipped.append(Skipped(f.path, f"larger than {MAX_FILE_BYTES} bytes"))
         else:
-            f.size = size
             kept.append(f)
     return kept, skipped
 
@@ -293,22 +322,20 @@ def _stored(value: Payload | Slim) -> bytes:
     return marshal.dumps(tuple(value))
 
 
-def _scan_file(path: str) -> Slim:
-    """A Python file's graph inputs; an unreadable file has none, and says why."""
+def _scan_file(root: str, rel: str) -> Slim:
+    """A Python file's graph inputs; a file not read has none, and says why."""
     try:
-        with open(path, "rb") as fh:
-            return lexical.scan(fh.read())
-    except OSError as exc:
-        return slim(Payload.empty(lexical.LANG, f"unreadable: {exc.strerror or exc}"))
+        return lexical.scan(read_file(root, rel))
+    except Refused as exc:
+        return slim(Payload.empty(lexical.LANG, f"not read: {exc.reason}"))
 
 
 def _read(root: str, rel: str, lang: str, scan_lexical: bool) -> bytes:
     """One file's stored graph input (a Slim, for a Python file when ``scan_lexical``) or
     tags (a Payload)."""
-    path = os.path.join(root, rel)
     if scan_lexical and lang == lexical.LANG:
-        return _stored(_scan_file(path))
-    return _stored(extract_file(path, lang))
+        return _stored(_scan_file(root, rel))
+    return _stored(extract_file(root, rel, lang))
 
 
 def _read_chunk(
@@ -411,7 +438,7 @@ def _parse(
 
 def _size(path: Path) -> int:
     try:
-        return path.stat().st_size
+        return os.lstat(path).st_size
     except OSError:
         return 0
 

@@ -28,6 +28,8 @@ from hybrid.context.symbols import SymbolHit, rank_symbols, rerank_files
 from hybrid.context.tags import Definition
 from hybrid.context.text import count_tokens, name_terms
 from hybrid.errors import ContextError
+from hybrid.paths import printable
+from hybrid.repofs import Refused, read_file
 
 PRIMARY_FILES = 3
 PRIMARY_SHARE = 0.55
@@ -62,12 +64,16 @@ class ContextPack(BaseModel):
     tokens: int = Field(description="sum of the items' tokens; never above budget")
     items: list[PackItem]
     ranking: list[str] = Field(description="the top twenty files, best first")
+    skipped: list[str] = Field(
+        default_factory=list,
+        description="source files left out and why ('path: reason'): a symlink, a FIFO, too large",
+    )
 
 
 def _read(root: Path, path: str) -> bytes | None:
     try:
-        return (root / path).read_bytes()
-    except OSError:
+        return read_file(root, path)
+    except Refused:
         return None
 
 
@@ -90,7 +96,9 @@ def _symbol_bodies(
         if any(a <= d.line and d.end_line <= b for a, b in covered):
             continue
         block = (
-            f"# {path}:{d.line}-{d.end_line}\n" + "\n".join(lines[d.line - 1 : d.end_line]) + "\n"
+            f"# {printable(path)}:{d.line}-{d.end_line}\n"
+            + "\n".join(lines[d.line - 1 : d.end_line])
+            + "\n"
         )
         cost = count_tokens(block)
         if used + cost > budget:
@@ -116,7 +124,7 @@ def _skeleton_item(
     if data is None or lang.startswith("ctags:") or budget < 16:
         return None
     try:
-        text = f"# {path} (skeleton)\n" + skeleton_source(data, lang)
+        text = f"# {printable(path)} (skeleton)\n" + skeleton_source(data, lang)
     except ContextError:
         return None
     cost = count_tokens(text)
@@ -221,7 +229,7 @@ def _primary_files(
         data = _read(root_path, path)
         if data is None or room <= 0:
             continue
-        text = f"# {path}\n" + data.decode("utf-8", "replace")
+        text = f"# {printable(path)}\n" + data.decode("utf-8", "replace")
         cost = count_tokens(text)
         if cost <= room:
             n_lines = max(1, text.count("\n"))
@@ -384,4 +392,5 @@ def fill_pack(
         tokens=used,
         items=items,
         ranking=[paths[i] for i in ranking.order[:20]],
+        skipped=[f"{p}: {why}" for p, why in graph.repo_index.skipped],
     )

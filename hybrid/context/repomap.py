@@ -18,6 +18,7 @@ from hybrid.context.index import Progress, RepoIndex, build_index, gc_paused
 from hybrid.context.tags import FILE_KIND, qualified_signature
 from hybrid.context.text import count_tokens
 from hybrid.errors import ContextError
+from hybrid.paths import printable
 
 if TYPE_CHECKING:
     # numpy comes in with the ranking: a map served from the cache never needs it
@@ -53,7 +54,10 @@ class RepoMap(BaseModel):
     entries: list[MapEntry]
     text: str
     files_without_symbols: list[str] = Field(default_factory=list)
-    skipped: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(
+        default_factory=list,
+        description="source files left out and why ('path: reason'): a symlink, a FIFO, too large",
+    )
 
 
 @gc_paused()
@@ -157,9 +161,10 @@ def _wrap(line: int, signature: str) -> str:
 
 def _block(path: str, lines: list[tuple[int, str]]) -> str:
     """A file's map entry, its signatures in line order."""
+    shown = printable(path)  # a name with a newline or an escape must not forge map lines
     if not lines:
-        return path + "\n"
-    return path + ":\n" + "".join(_wrap(n, sig) for n, sig in sorted(lines))
+        return shown + "\n"
+    return shown + ":\n" + "".join(_wrap(n, sig) for n, sig in sorted(lines))
 
 
 def render_map(
@@ -246,7 +251,11 @@ def repo_map(
     if not task:
         stored = cache.get_map(*stored_as)
         if stored is not None:
-            return RepoMap.model_validate_json(stored).model_copy(update={"root": str(root)})
+            # Skipped files are not in the fingerprint: a new symlink changes no indexed file.
+            skipped = [f"{p}: {why}" for p, why in index.skipped]
+            return RepoMap.model_validate_json(stored).model_copy(
+                update={"root": str(root), "skipped": skipped}
+            )
     from hybrid.context.ranking import rank
     from hybrid.context.symbols import rank_symbols, rerank_files
 

@@ -3,12 +3,15 @@ with bodies elided. Python skeletons parse again (bodies become ``...``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybrid.context.languages import grammar, language_for
 from hybrid.errors import ContextError, InvalidInput
+from hybrid.paths import display
+from hybrid.repofs import Refused, read_file
 
 if TYPE_CHECKING:
     from tree_sitter import Node
@@ -200,13 +203,26 @@ def skeleton_source(source: bytes, lang: str) -> str:
 
 
 def skeleton(path: str | Path) -> str:
-    """Skeleton of one file on disk (language from its extension)."""
-    p = Path(path)
-    lang = language_for(p.name)
+    """Skeleton of one file on disk (language from its extension).
+
+    Only a regular file is read, bounded, and no symlink is followed on the way to it below the
+    current directory (anywhere, for a path outside it): a FIFO, a device, a link to a host
+    file, or a file under a directory replaced by a link, is one ``InvalidInput`` line."""
+    lang = language_for(Path(path).name)
     if lang is None:
-        raise InvalidInput(f"{path}: unsupported file type")
+        raise InvalidInput(f"{display(path)}: unsupported file type")
+    root, rel = _below(Path(path))
     try:
-        source = p.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"{path}: {exc.strerror or exc}") from exc
+        source = read_file(root, rel)
+    except Refused as exc:
+        raise InvalidInput(f"{display(path)}: {exc.reason}") from None
     return skeleton_source(source, lang)
+
+
+def _below(path: Path) -> tuple[Path, str]:
+    """(root, path below it): the current directory when ``path`` lies under it (the
+    directories above it are the user's own), else ``/``. ``..`` goes by name, as written."""
+    full = Path(os.path.abspath(path))
+    cwd = Path(os.path.abspath(os.curdir))
+    root = cwd if cwd in full.parents else Path(full.anchor)
+    return root, full.relative_to(root).as_posix()

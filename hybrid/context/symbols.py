@@ -32,6 +32,7 @@ from hybrid.context.resolve import test_spans
 from hybrid.context.tags import FILE_KIND, Definition
 from hybrid.context.text import IDENT_RE, ident_terms, name_terms
 from hybrid.errors import ContextError
+from hybrid.repofs import Refused, read_text
 
 SIGNALS = ("name", "text", "graph", "tests", "history", "similar")
 # Symbols of this many of the best files compete for the bodies: a fix's file is often
@@ -97,8 +98,8 @@ def leading_start(lines: list[str], line: int) -> int:
 
 def _lines(root: Path, path: str) -> list[str] | None:
     try:
-        return (root / path).read_text("utf-8", "replace").splitlines()
-    except OSError:
+        return read_text(root, path).splitlines()
+    except Refused:
         return None
 
 

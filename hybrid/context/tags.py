@@ -12,11 +12,14 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from collections import Counter
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, NamedTuple
 
 from hybrid.context.languages import grammar
 from hybrid.context.text import name_terms, terms
+from hybrid.repofs import Refused, read_file
 
 if TYPE_CHECKING:
     from tree_sitter import Node
@@ -352,13 +355,13 @@ def file_terms(defs: list[DefTuple], docs: list[str], refs: dict[str, int]) -> d
     return tf
 
 
-def extract_file(path: str, lang: str) -> Payload:
-    """Tags of one file on disk; an unreadable file yields an empty payload with the error."""
+def extract_file(root: str, rel: str, lang: str) -> Payload:
+    """Tags of file ``rel`` of the checkout at ``root`` (read by ``hybrid.repofs``: never
+    through a link, never a FIFO or device); a file not read yields an empty payload saying why."""
     try:
-        with open(path, "rb") as fh:
-            source = fh.read()
-    except OSError as exc:
-        return Payload.empty(lang, f"unreadable: {exc.strerror or exc}")
+        source = read_file(root, rel)
+    except Refused as exc:
+        return Payload.empty(lang, f"not read: {exc.reason}")
     try:
         return extract(source, lang)
     except Exception as exc:  # a grammar crash must not lose the other files
@@ -378,33 +381,50 @@ def ctags_available() -> bool:
 
 
 def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]:
-    """Definitions for ``files`` ((relative path, "ctags:<Lang>")) from one universal-ctags run."""
+    """Definitions for ``files`` ((relative path, "ctags:<Lang>")) from one universal-ctags run.
+
+    ctags opens what it is given and follows links, so it never sees the checkout: each file is
+    read by ``hybrid.repofs`` into a private directory (named by number, extension kept, so a
+    name with a newline cannot break ctags' list) and ctags runs there."""
     result: dict[str, Payload] = {path: Payload.empty(lang) for path, lang in files}
     if not files:
         return result
     cmd = ["ctags", "--output-format=json", "--fields=+nKSe", "-f", "-", "-L", "-"]
-    try:
-        out = subprocess.run(
-            cmd,
-            cwd=root,
-            input="\n".join(p for p, _ in files),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        for path, lang in files:
-            result[path] = Payload.empty(lang, f"ctags failed: {exc}")
-        return result
+    with tempfile.TemporaryDirectory(prefix="hybrid-ctags-") as tmp:
+        copies: dict[str, str] = {}  # copy's name -> path in the checkout
+        for n, (path, lang) in enumerate(files):
+            try:
+                data = read_file(root, path)
+            except Refused as exc:
+                result[path] = Payload.empty(lang, f"not read: {exc.reason}")
+                continue
+            suffix = PurePosixPath(path).suffix
+            name = f"{n}{suffix}" if suffix.isprintable() and "/" not in suffix else str(n)
+            Path(tmp, name).write_bytes(data)
+            copies[name] = path
+        try:
+            out = subprocess.run(
+                cmd,
+                cwd=tmp,
+                input="\n".join(copies),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            for path, lang in files:
+                result[path] = Payload.empty(lang, f"ctags failed: {exc}")
+            return result
     defs: dict[str, list[DefTuple]] = {p: [] for p, _ in files}
     for line in out.stdout.splitlines():
         try:
             tag = json.loads(line)
         except ValueError:
             continue
-        path = tag.get("path")
-        if tag.get("_type") != "tag" or path not in defs:
+        found_in = copies.get(tag.get("path", ""))
+        if tag.get("_type") != "tag" or found_in is None or found_in not in defs:
             continue
+        path = found_in
         lineno = int(tag.get("line", 0))
         signature = f"{tag.get('kind', '')} {tag['name']}{tag.get('signature', '')}".strip()
         defs[path].append(
@@ -417,7 +437,10 @@ def extract_ctags(root: str, files: list[tuple[str, str]]) -> dict[str, Payload]
                 str(tag.get("scope", "")).replace("::", "."),
             )
         )
+    read = set(copies.values())
     for path, lang in files:
+        if path not in read:
+            continue  # not read: its payload says why
         found = sorted(defs[path], key=lambda d: (d[2], d[0]))
         result[path] = Payload(lang, found, {}, [], file_terms(found, [], {}), "")
     return result

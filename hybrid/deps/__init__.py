@@ -1,10 +1,12 @@
 """A project's dependencies in a workstation, with the network off inside.
 
-detect (read the project's declarations, statically) -> lock (resolve and download on the
-host through the user's pip/npm configuration into a content-addressed store) -> admit (the
-``deps`` policy and every artifact's sha256, before anything enters) -> install (a throwaway
-container with no network and the artifacts mounted read-only, committed as a layer keyed by
-(image, manifest), reused by the next workstation of the same project).
+detect (read the project's declarations, statically: regular files inside the repository only,
+``files``; a direct reference, a VCS or path spec or an index option is refused, ``screen``) ->
+lock (resolve and download on the host through the user's pip/npm configuration into a
+content-addressed store) -> admit (the ``deps`` policy and every artifact's sha256, before
+anything enters) -> install (a throwaway container with no network and the artifacts mounted
+read-only, committed as a layer keyed by (image, manifest), reused by the next workstation of
+the same project).
 
 Installed files live under /opt/hybrid (a venv, node_modules), outside the workspace, so they
 never appear in ``ws diff``; the project itself is put on ``sys.path`` from the workspace, so

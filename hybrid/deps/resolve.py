@@ -6,6 +6,11 @@ dependencies ship runs on the host. Index, find-links, certificates and constrai
 the user's pip configuration (no host name is written here). npm packs exactly the tarballs
 the project's lockfile names, with npm's own registry and CA settings, and their integrity
 is checked against the lockfile.
+
+What the repository declared is screened first (``hybrid.deps.screen``): a direct reference,
+a VCS or local spec, a lockfile entry off the registry or without an integrity hash is refused
+before anything is fetched, and pip and npm run from a scratch directory, reading only the
+normal form of what passed (never a line as the repository wrote it).
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from hybrid.deps import released, sdist, store
+from hybrid.deps import files, released, screen, sdist, store
 from hybrid.deps.models import Artifact, Declared, Manifest, Target
-from hybrid.errors import DependencyError, PolicyViolation
+from hybrid.errors import DependencyError, InvalidDeclaration, PolicyViolation
 from hybrid.paths import cache_dir
 
 _FORMAT = "2"  # bump when what a lock records changes
@@ -54,8 +59,12 @@ def lock(
 
     ``exclude_newer`` resolves the packages the project names as of that time: none at a
     release the index says was published after it. Kept per (inputs, target, time): an unchanged
-    project is not resolved again (``refresh`` forces it).
+    project is not resolved again (``refresh`` forces it). PolicyViolation, before anything is
+    fetched, for whatever ``declared`` names that is not a package from the index or registry.
     """
+    refused = screen.problems(declared)
+    if refused:
+        raise PolicyViolation(refused)
     saved = cache_dir("deps", "locks") / f"{_key(declared, target, exclude_newer)}.json"
     if saved.is_file() and not refresh:
         with contextlib.suppress(ValueError):
@@ -125,7 +134,7 @@ def platforms(target: Target) -> list[str]:
 
 
 def _python(declared: Declared, target: Target, exclude_newer: datetime | None) -> list[Artifact]:
-    specs = list(dict.fromkeys(r.spec for r in declared.python))
+    specs = list(dict.fromkeys(screen.normal(r.spec) for r in declared.python))
     if not specs:
         return []
     nodot = target.python.replace(".", "")
@@ -185,6 +194,7 @@ def _python(declared: Declared, target: Target, exclude_newer: datetime | None) 
                 capture_output=True,
                 text=True,
                 check=False,
+                cwd=work,
             )
             if done.returncode == 0:
                 late = _too_new(out, declared, exclude_newer, bounds)
@@ -221,7 +231,7 @@ def _python(declared: Declared, target: Target, exclude_newer: datetime | None) 
                 narrowed = PackagingRequirement(wanted)
                 narrowed.specifier &= SpecifierSet(limit)
                 wanted = str(narrowed)
-            source = sdist.fetch(wanted, Path(work) / "sources")
+            source = sdist.fetch(wanted, Path(work) / "sources", cwd=Path(work))
             sources[source.name] = source
             source.stand_in(stubs)
             extra += [b for b in source.build_requires if b not in extra]
@@ -332,7 +342,10 @@ def _why(stderr: str) -> str:
 
 
 def _node(repo: Path, declared: Declared) -> list[Artifact]:
-    """Every tarball the Node lockfile names, packed by npm and checked against its integrity."""
+    """Every tarball the Node lockfile names, packed by npm and checked against its integrity.
+
+    Only registry tarballs with an integrity hash: every other entry (``file:``, ``link:``, git,
+    a URL off the configured registry, no integrity) is refused before npm runs."""
     if not declared.node:
         return []
     npm = shutil.which("npm")
@@ -340,16 +353,19 @@ def _node(repo: Path, declared: Declared) -> list[Artifact]:
         raise DependencyError(
             "the project has a Node lockfile but npm is not installed on this host"
         )
-    lockfile = json.loads((repo / declared.node).read_text(encoding="utf-8"))
-    wanted: dict[str, tuple[str, str, str]] = {}  # spec -> (name, version, integrity)
-    for where, entry in (lockfile.get("packages") or {}).items():
-        if not where or entry.get("link") or entry.get("bundled") or entry.get("inBundle"):
-            continue
-        name = entry.get("name") or where.rsplit("node_modules/", 1)[-1]
-        version, integrity = entry.get("version"), entry.get("integrity", "")
-        if not isinstance(version, str):
-            continue
-        wanted[f"{name}@{version}"] = (name, version, integrity)
+    try:
+        raw = files.read(repo, declared.node)
+    except files.Unreadable as exc:
+        raise PolicyViolation([f"deps: {exc}: not read, refused"]) from None
+    if raw is None:
+        raise InvalidDeclaration(f"{files.shown(declared.node)}: no such file")
+    try:
+        lockfile = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InvalidDeclaration(f"{files.shown(declared.node)}: not valid JSON") from None
+    wanted, refused = screen.node_entries(lockfile, _npm_registries(npm), declared.node)
+    if refused:
+        raise PolicyViolation(refused)
     artifacts = [_store_text(repo, "package.json"), _store_text(repo, declared.node)]
     if not wanted:
         return artifacts
@@ -376,9 +392,12 @@ def _node(repo: Path, declared: Declared) -> list[Artifact]:
         refused = []
         for row in json.loads(done.stdout):
             spec = f"{row['name']}@{row['version']}"
-            name, version, integrity = wanted.get(spec, (row["name"], row["version"], ""))
+            if spec not in wanted or Path(row["filename"]).name != row["filename"]:
+                refused.append(f"deps: npm packed {files.shown(spec)}, which was not asked for")
+                continue
+            name, version, integrity = wanted[spec]
             path = Path(work) / row["filename"]
-            if integrity and not _integrity_ok(path, integrity):
+            if not _integrity_ok(path, integrity):
                 refused.append(
                     f"deps: {spec}: tarball does not match the lockfile's integrity; refused"
                 )
@@ -399,8 +418,63 @@ def _node(repo: Path, declared: Declared) -> list[Artifact]:
     return artifacts
 
 
+def _npm_registries(npm: str) -> list[str]:
+    """Where a lockfile's ``resolved`` may point: the registries the user's npm configuration
+    names (``registry``, ``@scope:registry``), and the host npm itself rewrites to them
+    (``replace-registry-host``: npm's default registry for "npmjs", "*" for "always").
+
+    Asked from a scratch directory, so no project's .npmrc takes part."""
+    config, why = _npm_config(npm, [])
+    found = [
+        str(value)
+        for key, value in config.items()
+        if (key == "registry" or key.endswith(":registry")) and isinstance(value, str)
+    ]
+    if not found:
+        raise DependencyError(f"npm config list gave no registry: {why}; nothing was fetched")
+    replace = str(config.get("replace-registry-host", "npmjs"))
+    if replace == "always":
+        found.append("*")
+    elif replace == "npmjs":
+        # npm's built-in registry, as npm states it with no configuration file of anyone's.
+        builtin, _ = _npm_config(npm, ["--userconfig", os.devnull, "--globalconfig", os.devnull])
+        default = builtin.get("registry")
+        if isinstance(default, str):
+            found.append(default)
+    elif replace != "never":
+        found += [f"https://{replace}/", f"http://{replace}/"]
+    return list(dict.fromkeys(found))
+
+
+def _npm_config(npm: str, extra: list[str]) -> tuple[dict[str, object], str]:
+    env = None
+    if extra:
+        env = {k: v for k, v in os.environ.items() if not k.lower().startswith("npm_config_")}
+    with tempfile.TemporaryDirectory(prefix="hybrid-npmrc-") as work:
+        try:
+            done = subprocess.run(
+                [npm, "config", "list", "--json", *extra],
+                capture_output=True,
+                text=True,
+                check=False,
+                cwd=work,
+                timeout=120,
+                env=env,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {}, str(exc)
+    try:
+        config = json.loads(done.stdout) if done.returncode == 0 else {}
+    except ValueError:
+        config = {}
+    return (config if isinstance(config, dict) else {}), _why(done.stderr)
+
+
 def _store_text(repo: Path, rel: str) -> Artifact:
-    digest, size = store.add(repo / rel)
+    data = files.read(repo, rel)  # read (and refused if unsafe) by detect() already
+    if data is None:
+        raise InvalidDeclaration(f"{files.shown(rel)}: no such file")
+    digest, size = store.add_bytes(data)
     return Artifact(ecosystem="node", name=rel, version="", filename=rel, sha256=digest, size=size)
 
 
@@ -409,7 +483,10 @@ def _integrity_ok(path: Path, integrity: str) -> bool:
     for item in integrity.split():
         algo, _, value = item.partition("-")
         if algo in ("sha512", "sha384", "sha256", "sha1"):
-            expected = base64.b64decode(value)
+            try:
+                expected = base64.b64decode(value, validate=True)
+            except ValueError:
+                continue
             if hashlib.new(algo, data).digest() == expected:
                 return True
     return False

@@ -170,18 +170,22 @@ def _requires_txt(text: str) -> list[str]:
     return out
 
 
-def fetch(spec: str, dest: Path) -> Source:
+def fetch(spec: str, dest: Path, *, cwd: Path | None = None) -> Source:
     """The best source distribution for ``spec`` from the user's configured index, unbuilt."""
     try:
-        Requirement(spec)
-    except InvalidRequirement as exc:
-        raise DependencyError(f"not a requirement: {spec!r} ({exc})") from None
+        req = Requirement(spec)
+    except InvalidRequirement:
+        raise DependencyError(f"{spec[:100]!r} is not a requirement") from None
+    if req.url:
+        # pip would build it to learn its metadata: never on the host.
+        raise DependencyError(f"{req.name} is a direct reference: refused")
     done = subprocess.run(
-        [sys.executable, "-c", _FETCH, spec, str(dest)],
+        [sys.executable, "-c", _FETCH, str(req), str(dest)],
         capture_output=True,
         text=True,
         check=False,
         timeout=600,
+        cwd=cwd or dest,
     )
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["no output"])[-1]

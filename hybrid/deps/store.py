@@ -56,6 +56,17 @@ def add(path: Path) -> tuple[str, int]:
     return digest, target.stat().st_size
 
 
+def add_bytes(data: bytes) -> tuple[str, int]:
+    """Store ``data`` (atomically); returns (sha256, size)."""
+    with tempfile.NamedTemporaryFile(dir=root(), prefix=".bytes-", delete=False) as tmp:
+        tmp.write(data)
+    try:
+        return add(Path(tmp.name))
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp.name)
+
+
 def problems(artifacts: Iterable[Artifact]) -> list[str]:
     """Every artifact that is missing from the store or whose bytes no longer hash to its pin."""
     found = []

@@ -15,7 +15,8 @@ from typing import Any, Literal
 from hybrid.errors import InvalidInput
 from hybrid.mcp.scope import Scope
 from hybrid.mcp.sessions import Workstations
-from hybrid.paths import read_input
+from hybrid.paths import display
+from hybrid.repofs import Refused, read_file
 
 Say = Callable[[str, str], None]
 """say(logger, text): one log notification (logger ``stdout``, ``stderr`` or ``progress``)."""
@@ -71,7 +72,14 @@ class Toolbox:
         lang = language_for(file.name)
         if lang is None:
             raise InvalidInput(f"{path}: unsupported file type")
-        return {"path": str(file), "skeleton": skeleton_source(read_input(file), lang)}
+        # Read again from the root it lies in without following a link: the file checked
+        # above may have been swapped for a link or a FIFO since.
+        root = next(r for r in self.scope.roots if file == r or r in file.parents)
+        try:
+            source = read_file(root, file.relative_to(root).as_posix())
+        except Refused as exc:
+            raise InvalidInput(f"{display(path)}: {exc.reason}") from None
+        return {"path": str(file), "skeleton": skeleton_source(source, lang)}
 
     # -- runs in WebAssembly -------------------------------------------------------------------
 

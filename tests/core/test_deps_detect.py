@@ -29,7 +29,7 @@ def test_pyproject_groups_extras_and_self_references(tmp_path: Path) -> None:
 
 def test_requirements_includes_hashes_and_setup_py_never_runs(tmp_path: Path) -> None:
     (tmp_path / "requirements-dev.txt").write_text(
-        "-r requirements/base.txt\n-e .[extra]\n--index-url http://ignored.invalid/simple\n"
+        "-r requirements/base.txt\n-e .[extra]\n--pre\n"
         "six==1.16.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"
     )
     (tmp_path / "requirements").mkdir()
@@ -198,3 +198,23 @@ def test_the_release_a_checkout_is_at(tmp_path: Path) -> None:
     second = detect(repo)
     assert second.version == "1.5.0"
     assert second.inputs != first.inputs  # a new release resolves again
+
+
+def test_ordinary_requirements_pass_the_screen(tmp_path: Path) -> None:
+    """What the hostile screen must not refuse: dotted names, extras, markers, pins, the project
+    itself with its extras, a harmless option, an include inside the repository."""
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "base.txt").write_text("-r ../requirements-pins.txt\n")
+    (tmp_path / "requirements-pins.txt").write_text("attrs==23.1.0\n")
+    (tmp_path / "requirements.txt").write_text(
+        "--pre\n-e .[test]\n.\nzope.interface>=5\nbackports.zoneinfo; python_version < '3.9'\n"
+        "pytest[testing]==8.0 ; sys_platform != 'win32'\n-r requirements/base.txt\n"
+    )
+    (tmp_path / "tox.ini").write_text("[testenv]\ndeps =\n    -e .\n    coverage: coverage\n")
+    specs = {r.spec for r in detect(tmp_path).python}
+    assert specs == {
+        "attrs==23.1.0",
+        "zope.interface>=5",
+        "backports.zoneinfo; python_version < '3.9'",
+        "pytest[testing]==8.0 ; sys_platform != 'win32'",
+    }
