@@ -621,11 +621,21 @@ def _apply(
         data = git.run(["archive", "--format=tar", rev, "--", *keep], repo, check=True).stdout
         with tempfile.TemporaryDirectory(prefix="hybrid-validate-") as tmp:
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                tar.extractall(tmp, filter="data")
+                tar.extractall(tmp, filter=_in_tree)
             for top in sorted({PurePosixPath(p).parts[0] for p in keep}):
                 ws.put(Path(tmp) / top, top)
     if gone:
         ws.exec(["rm", "-f", "--", *gone])
+
+
+def _in_tree(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's data filter, except that a member it refuses (a link to an absolute path or
+    out of the tree, as a hostile commit can track) is left out instead of ending the run with a
+    traceback: nothing hybrid writes or reads on the host follows a link out of a repository."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError:
+        return None
 
 
 def export(repo: Path, rev: str, into: Path) -> None:
@@ -633,7 +643,7 @@ def export(repo: Path, rev: str, into: Path) -> None:
     into.mkdir(parents=True)
     archive = git.run(["archive", "--format=tar", rev], repo, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
+        tar.extractall(into, filter=_in_tree)
     # The export has no .git: the release it is at (its latest tag) goes in the PKG-INFO an
     # sdist of it would carry, where dependency detection reads it.
     version = tag_release(repo, rev)

@@ -59,6 +59,7 @@ CLASSES = ("exec", "secret", "net", "hang", "escape", "procs", "error")
 RUN_VAR = "HYBRID_HOSTILE_RUN"
 """Each run's token in its environment: a process carrying it after the run is a leftover."""
 RESULTS: dict[str, dict[str, str]] = {}
+SAID: dict[str, list[str]] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -174,6 +175,8 @@ class Verdict:
     hostname: bool = False
     problems: dict[str, list[str]] = field(default_factory=lambda: {c: [] for c in CLASSES})
     texts: list[str] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+    """What each run said on stderr (its last line), for the closing report."""
 
     def add(self, cls: str, problem: str) -> None:
         self.problems[cls].append(problem)
@@ -191,7 +194,7 @@ class Verdict:
 
     def error_text(self, stdout: str, stderr: str, code: int | None, where: str) -> None:
         if "Traceback (most recent call last)" in stderr:
-            last = [line for line in stderr.splitlines() if line.strip()][-1:]
+            last = [line for line in (stderr or stdout).splitlines() if line.strip()][-1:]
             self.add("error", f"{where}: traceback ({last[0][:120] if last else ''})")
         elif code not in (0, None) and not stderr.strip() and not stdout.strip():
             # (exit 1 with a report on stdout is a verdict: unsolved, blocked)
@@ -216,6 +219,7 @@ class Verdict:
             c: ("ok" if not p else "FAIL: " + "; ".join(p)[:300]) for c, p in self.problems.items()
         }
         RESULTS[self.name] = cells
+        SAID[self.name] = self.said
 
     def assert_contained(self) -> None:
         failed = {c: p for c, p in self.problems.items() if p}
@@ -375,6 +379,8 @@ class Runner:
         self.verdict.output(stdout, f"{where} stdout", terminal=terminal)
         self.verdict.output(stderr, f"{where} stderr")
         self.verdict.error_text(stdout, stderr, code, where)
+        last = [line for line in (stderr or stdout).splitlines() if line.strip()][-1:]
+        self.verdict.said.append(f"{where} -> exit {code}: {last[0][:200] if last else ''}")
         return code, stdout, stderr
 
     def done(self, *, prompts: list[str] | None = None) -> Verdict:
@@ -650,6 +656,8 @@ def test_validate(host: Host, dirs: dict[str, Path], tmp_path: Path, engine: Any
     repo = build_repo(host, tmp_path / "repo", Parts(decls="pyproject"))
     run = Runner("validate", host, dirs, shared_cache=True)
     run.cli("validate", str(repo), "HEAD", "--timeout", "60", timeout=500)
+    # Without dependencies it goes on: the parent and the fix written into a workstation.
+    run.cli("validate", str(repo), "HEAD", "--no-deps", "--timeout", "60", timeout=500)
     run.done().assert_contained()
 
 
@@ -751,3 +759,4 @@ def report(request: pytest.FixtureRequest) -> Iterator[None]:
     path.write_text(text)
     json_path = path.with_suffix(".json")
     json_path.write_text(json.dumps(RESULTS, indent=2))
+    path.with_suffix(".said.json").write_text(json.dumps(SAID, indent=2))
