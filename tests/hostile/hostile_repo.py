@@ -308,10 +308,10 @@ SOURCES = {
     "tests/test_shipping.py": (
         "from app.shipping import cost\n\n\ndef test_cost():\n    assert cost(1) == 7.0\n"
     ),
-    "vendor/inner/helpers.py": 'def helper():\n    """A vendored helper."""\n    return 1\n',
+    "libs/inner/helpers.py": 'def helper():\n    """A library helper."""\n    return 1\n',
 }
 TASK = (
-    "fix the shipping cost; read settings, secrets, shadow, environ, helper, vendor helpers, "
+    "fix the shipping cost; read settings, secrets, shadow, environ, helper, libs inner helpers, "
     "tracked_secret untracked_secret api token evil innocent forged zero fifo"
 )
 """A task that ranks every planted file high."""
@@ -355,12 +355,12 @@ def build_repo(host: Host, dest: Path, parts: Parts = Parts()) -> Path:
         os.symlink(host.secret_file, dest / "app" / "untracked_secret.py")
         os.symlink("/proc/self/environ", dest / "app" / "environ.py")
         os.symlink("/etc/shadow", dest / "app" / "shadow.py")
-        # A tracked directory's parent replaced by a link: vendor/inner/helpers.py is in the
-        # index, vendor now leads to the host.
+        # A tracked directory's parent replaced by a link: libs/inner/helpers.py is in the
+        # index, libs now leads to the host (not "vendor": context skips that name anyway).
         import shutil
 
-        shutil.rmtree(dest / "vendor")
-        os.symlink(host.secret_dir, dest / "vendor")
+        shutil.rmtree(dest / "libs")
+        os.symlink(host.secret_dir, dest / "libs")
     if parts.special:
         os.mkfifo(dest / "app" / "fifo.py")
         os.mknod(dest / "app" / "zero.py", 0o644 | stat.S_IFCHR, os.makedev(1, 5))

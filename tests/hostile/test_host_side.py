@@ -11,7 +11,9 @@ class at once:
 - hang: the run finished within its timeout (a FIFO or /dev/zero read forever does not);
 - escape: no raw terminal escape and no forged line in text output;
 - procs: no process and no container of the run outlives it;
-- error: no traceback, and a failure says why on stderr.
+- error: no traceback, and a failure says why on stderr;
+- named: where a walk of the repository skips a planted link, FIFO or device (map, context),
+  the output names it, so a user knows why a file is missing.
 
 The closing table (entry point x class) is written to ``$HYBRID_HOST_SIDE_REPORT`` (default:
 host-side-report.md under the pytest basetemp).
@@ -55,7 +57,7 @@ from hostile_repo import (
 )
 
 CHECKOUT = Path(__file__).resolve().parent.parent.parent
-CLASSES = ("exec", "secret", "net", "hang", "escape", "procs", "error")
+CLASSES = ("exec", "secret", "net", "hang", "escape", "procs", "error", "named")
 RUN_VAR = "HYBRID_HOSTILE_RUN"
 """Each run's token in its environment: a process carrying it after the run is a leftover."""
 RESULTS: dict[str, dict[str, str]] = {}
@@ -383,6 +385,18 @@ class Runner:
         self.verdict.said.append(f"{where} -> exit {code}: {last[0][:200] if last else ''}")
         return code, stdout, stderr
 
+    def expect_named(self, said: str, repo: Path, where: str) -> None:
+        """Every planted entry a walk of ``repo`` skips is named in ``said``: in its ``skipped``
+        list (JSON), else on a line that says it skipped it (text)."""
+        try:
+            data = json.loads(said)
+            notes = "\n".join(data.get("skipped") or []) if isinstance(data, dict) else ""
+        except ValueError:
+            notes = "\n".join(line for line in said.splitlines() if "skip" in line.lower())
+        for rel in skipped_entries(repo):
+            if rel not in notes:
+                self.verdict.add("named", f"{where}: {rel} skipped without a word")
+
     def done(self, *, prompts: list[str] | None = None) -> Verdict:
         for n, prompt in enumerate(prompts or []):
             self.verdict.output(prompt, f"prompt {n}", terminal=False)
@@ -400,7 +414,7 @@ HOSTILE_FILES = (
     "app/untracked_secret.py",
     "app/environ.py",
     "app/shadow.py",
-    "vendor/inner/helpers.py",
+    "libs/inner/helpers.py",
     "app/zero.py",
     "app/fifo.py",
     f"app/{ESCAPE_NAME}",
@@ -409,10 +423,28 @@ HOSTILE_FILES = (
 """Every planted file, by the name a user (or an agent) would give."""
 
 
+def skipped_entries(repo: Path) -> list[str]:
+    """The planted links, FIFO and device a walk of ``repo`` meets (git lists no FIFO or
+    device, so a checkout's walk meets only the links; ``libs`` is the replaced directory)."""
+    names = [
+        "app/tracked_secret.py",
+        "app/environ_tracked.py",
+        "app/shadow_tracked.py",
+        "app/untracked_secret.py",
+        "app/environ.py",
+        "app/shadow.py",
+        "libs",
+    ]
+    if not (repo / ".git").exists():
+        names += ["app/fifo.py", "app/zero.py"]
+    return names
+
+
 def test_map(host: Host, shared: dict[str, Path], dirs: dict[str, Path]) -> None:
     run = Runner("map", host, dirs)
     for repo in shared.values():
-        run.cli("map", str(repo), "--task", TASK, "--tokens", "60000", timeout=30)
+        _, out, err = run.cli("map", str(repo), "--task", TASK, "--tokens", "60000", timeout=30)
+        run.expect_named(out + err, repo, "map")
         run.cli(
             "map",
             str(repo),
@@ -430,7 +462,10 @@ def test_map(host: Host, shared: dict[str, Path], dirs: dict[str, Path]) -> None
 def test_context(host: Host, shared: dict[str, Path], dirs: dict[str, Path]) -> None:
     run = Runner("context", host, dirs)
     for repo in shared.values():
-        run.cli("context", "pack", str(repo), "--task", TASK, "--tokens", "60000", timeout=30)
+        _, out, err = run.cli(
+            "context", "pack", str(repo), "--task", TASK, "--tokens", "60000", timeout=30
+        )
+        run.expect_named(out + err, repo, "context")
     run.done().assert_contained()
 
 
@@ -565,6 +600,8 @@ def test_mcp(
                     return  # the server is stuck: the session ends here
                 text = "\n".join(getattr(c, "text", "") for c in result.content)
                 run.verdict.output(text, where, terminal=False)
+                if name in ("repo_map", "context_pack"):
+                    run.expect_named(text, Path(arguments["root"]), where)
                 if result.is_error and "Traceback" in text:
                     run.verdict.add("error", f"{where}: traceback in the error")
                 if name == "ws_create" and not result.is_error:
