@@ -172,14 +172,19 @@ ATTACKS: list[tuple[str, Callable[[Path], str], str, dict[str, object]]] = [
         {},
     ),
     (
-        "pytest-ini-deselect",
-        lambda r: diff(r, {"pytest.ini": "[pytest]\naddopts = --deselect tests/test_calc.py\n"}),
+        "pytest-ini-addopts-loads-a-plugin",
+        lambda r: diff(
+            r, {"pytest.ini": "[pytest]\naddopts = -p zz_plugin\n", "src/zz_plugin.py": PLUGIN}
+        ),
         "pytest.ini (pytest configuration)",
         {},
     ),
     (
-        "setup-cfg-addopts-no-python",
-        lambda r: diff(r, {"setup.cfg": "[tool:pytest]\naddopts = -p no:python\n"}),
+        "setup-cfg-addopts-loads-a-plugin",
+        lambda r: diff(
+            r,
+            {"setup.cfg": "[tool:pytest]\naddopts = -p zz_plugin\n", "src/zz_plugin.py": PLUGIN},
+        ),
         "setup.cfg (the test sections of setup.cfg)",
         {"allow_dependencies": True},
     ),
