@@ -486,6 +486,7 @@ def _close_all(workstations: list[Any]) -> None:
 
 def _repo_steps(task: RepoTask, forks_ahead: _Forks, say: Progress) -> Callable[..., int | None]:
     from hybrid.agent.testfiles import named_tests
+    from hybrid.checks import scope
 
     named = named_tests([c for c in (task.test, task.regression) if c], task.repo)
 
@@ -494,6 +495,7 @@ def _repo_steps(task: RepoTask, forks_ahead: _Forks, say: Progress) -> Callable[
         for candidate in candidates:
             try:
                 candidate.code = to_diff(candidate.answer, task.repo)
+                scope(candidate.code)  # a diff that does not parse is a malformed answer
             except (MalformedAnswer, InvalidDiff) as exc:
                 candidate.problem = f"malformed answer: {exc.message}"
                 candidate.evidence = ev.wrap(candidate.problem, f"patch check, step {step}")

@@ -84,9 +84,9 @@ def looks_secret(value: str) -> bool:
     )
     if classes < 2 or sum(c.isalnum() for c in value) < 0.75 * len(value):
         return False
-    # Words and CamelCase names switch between upper and lower case only at word starts;
-    # random tokens carry digits or switch at most characters.
-    if not any(c.isdigit() for c in value) and _switches(value) < 0.4:
+    # Words and CamelCase names (BearerTokenTypeForAuth) switch case only at word starts;
+    # random tokens carry digits, or are long and switch case at most characters.
+    if not any(c.isdigit() for c in value) and (len(value) < 32 or _switches(value) < 0.4):
         return False
     return _entropy(value) >= (3.0 if len(value) < 24 else 3.5)
 

@@ -348,7 +348,7 @@ def test_with_tests_may_change_the_tests_that_run_are_the_tasks(project: Path) -
 
 
 MARKERS = [
-    "</untrusted-evidence\u200b>",  # a zero-width space
+    "</untrusted-\u200bevidence>",  # a zero-width space
     "\uff1c/untrusted-evidence\uff1e",  # fullwidth angle brackets
     "</untrusted-\u0435vidence>",  # a Cyrillic e
     "<\u2060/untrusted-evid\u00adence>",  # a word joiner and a soft hyphen
