@@ -7,7 +7,9 @@ is whatever changes how a test run is collected, configured or reported, whereve
 ``conftest.py``, pytest/tox configuration (the test sections of ``setup.cfg``, ``tox.ini`` and
 ``pyproject.toml``), ``sitecustomize``/``usercustomize``, ``.pth`` files, installed-distribution
 metadata (a ``*.dist-info`` with a ``pytest11`` entry point is a plugin pytest loads by itself),
-modules that shadow the test runner, ``__init__.py`` of test packages, jest/mocha/vitest/ava/tap
+modules that shadow the test runner, installed packages (``node_modules``, ``site-packages``),
+compiled code that is imported instead of the reviewed source (``__pycache__``, ``*.pyc``,
+native modules), ``__init__.py`` of test packages, jest/mocha/vitest/ava/tap/babel
 configuration and the test scripts of ``package.json``.
 """
 
@@ -28,7 +30,7 @@ _RUNNER_MODULES = {"pytest", "_pytest", "pluggy", "unittest", "nose", "nose2", "
 _JS_CONFIG = re.compile(
     r"^(jest|vitest|vite|ava|karma|playwright|cypress|wdio|mocha)\.(config|setup|workspace|conf)"
     r"(\.[a-z]+)*\.(js|cjs|mjs|ts|cts|mts|json)$|^\.mocharc(\..*)?$|^\.taprc(\..*)?$|"
-    r"^jest\.(setup|preset)\..*$|^\.c8rc(\..*)?$|^\.nycrc(\..*)?$"
+    r"^jest\.(setup|preset)\..*$|^\.c8rc(\..*)?$|^\.nycrc(\..*)?$|^babel\.config\..*$|^\.babelrc(\..*)?$"
 )
 _TEST_DIRS = {"test", "tests", "testing", "__tests__", "spec", "specs"}
 _INI_SECTIONS = re.compile(r"^(pytest|tool:pytest|tox|tox:.*|testenv|testenv:.*|coverage:.*)$")
@@ -51,7 +53,7 @@ def machinery(path: str) -> str | None:
     name = parts[-1]
     if name == "conftest.py":
         return "conftest.py"
-    if name in ("pytest.ini", ".pytest.ini"):
+    if name in ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml"):
         return "pytest configuration"
     if name in ("sitecustomize.py", "usercustomize.py") or (
         name in ("sitecustomize", "usercustomize")
@@ -63,6 +65,12 @@ def machinery(path: str) -> str | None:
         ".egg-link"
     ):
         return "installed-distribution metadata (plugin entry points)"
+    if "node_modules" in parts or "site-packages" in parts or "dist-packages" in parts:
+        return "installed packages (they shadow the test runner and its plugins)"
+    if "__pycache__" in parts or name.endswith((".pyc", ".pyo")):
+        return "compiled bytecode (it can run instead of the reviewed source)"
+    if re.search(r"\.(so|pyd|dylib)(\.[0-9.]+)?$", name):
+        return "a native module (it is imported before the reviewed .py)"
     stems = [p.removesuffix(".py") for p in parts]
     if any(s in _RUNNER_MODULES for s in stems[:-1]) or (
         name.endswith(".py") and stems[-1] in _RUNNER_MODULES
@@ -177,18 +185,30 @@ def is_test_path(path: str) -> bool:
     return conventional(path)
 
 
+_SOURCE = (".py", ".js", ".cjs", ".mjs", ".ts", ".tsx", ".jsx", ".go", ".rs", ".rb", ".java")
+
+
 def judged_changes(
     changes: Sequence[Change], named: Sequence[str], contents: Contents
 ) -> list[tuple[str, str]]:
-    """(path, why) for every change to the task's tests or the test machinery."""
+    """(path, why) for every change to the task's tests or the test machinery.
+
+    The task's tests are the named paths (a directory: everything under it) and the data files
+    beside a named test (expected outputs, snapshots); with nothing named, every test path.
+    """
+    beside = {str(PurePosixPath(n).parent) for n in named if PurePosixPath(n).suffix}
+    beside.discard(".")
     found: list[tuple[str, str]] = []
     for change in changes:
         path = change.path
         under = [n for n in named if path == n or path.startswith(n.rstrip("/") + "/")]
+        data = not path.endswith(_SOURCE) and any(path.startswith(d + "/") for d in beside)
         if why := machinery(path) or sectioned(change, contents):
             found.append((path, why))
         elif under:
             found.append((path, f"a test the task names ({under[0]})"))
+        elif data:
+            found.append((path, "test data beside the task's tests"))
         elif not named and is_test_path(path):
             found.append((path, "a test of the task (its test command names no file)"))
     return found

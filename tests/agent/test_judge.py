@@ -129,10 +129,22 @@ def test_the_tests_a_command_names(repo: Path) -> None:
     assert [c.name for c in judged.checks if not c.passed] == ["tests"]
 
 
+def test_data_beside_a_named_test_is_the_tasks(repo: Path) -> None:
+    patch = "--- /dev/null\n+++ b/tests/expected.json\n@@ -0,0 +1 @@\n+[1]\n"
+    judged = judge(patch, repo, tests=["tests/test_app.py"])
+    tests = next(c for c in judged.checks if c.name == "tests")
+    assert not tests.passed and "test data beside the task's tests" in tests.detail
+    under = next(c for c in judge(patch, repo, tests=["tests/"]).checks if c.name == "tests")
+    assert not under.passed and "a test the task names (tests/)" in under.detail
+
+
 @pytest.mark.parametrize(
     "path",
     [
         "conftest.py",
+        "src/pkg/__pycache__/mod.cpython-311.pyc",
+        "src/pkg/_speed.cpython-311-x86_64-linux-gnu.so",
+        "node_modules/jest/bin/jest.js",
         "pkg/tests/conftest.py",
         "pytest.ini",
         "src/sitecustomize.py",
