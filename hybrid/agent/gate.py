@@ -28,7 +28,7 @@ from hybrid.agent.applied import MODE_GITLINK, MODE_LINK, Change
 from hybrid.errors import InvalidDiff, InvalidInput
 from hybrid.paths import display
 from hybrid.policy import Budget, SandboxSpec
-from hybrid.results import ExecutionResult
+from hybrid.results import ExecutionResult, Termination
 
 READY = "ready for human review"
 BLOCKED = "blocked"
@@ -72,7 +72,9 @@ class GateReport(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Every reason it is blocked.")
     checks: list[GateCheck] = Field(default_factory=list)
     files: list[str] = Field(default_factory=list, description="Paths the patch touches.")
-    reviewed_diff: str = Field("", description="The diff as applied, computed on the host.")
+    reviewed_diff: str = Field(
+        "", description="git's diff of what the patch writes, fixed before any test ran."
+    )
 
     @property
     def ready(self) -> bool:
@@ -186,6 +188,8 @@ def _scope(
     try:
         report = scope(reviewed, allow=allow, deny=deny, allow_lockfiles=allow_lockfiles)
         problems = [f"{v.message} ({v.rule})" for v in report.violations]
+        if report.termination is not Termination.OK:  # out of fuel, say: judged nothing
+            problems.append(f"the scope check ended early ({report.termination.value})")
     except InvalidDiff as exc:  # git's own diff: only a module limit can refuse it
         problems = [f"the scope check could not read git's diff: {exc.message}"]
     for change in changes:
