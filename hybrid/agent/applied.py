@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from hybrid import git
 from hybrid.errors import EngineUnavailable, InvalidDiff, InvalidInput
 
 MODE_FILE, MODE_EXEC, MODE_LINK, MODE_GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
@@ -66,25 +67,18 @@ def _git(
     env: dict[str, str] | None = None,
     check: bool = True,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Every git call of this module: no user or system config, no hooks, no pager."""
+    """Every git call of this module, in the scratch repository it made: hybrid.git's
+    environment and switches, and a home with nothing in it."""
     home = str(cwd / "no-home")
     scrubbed = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": home,
         "XDG_CONFIG_HOME": home,
-        "LC_ALL": "C",
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_ATTR_NOSYSTEM": "1",
-        "GIT_TERMINAL_PROMPT": "0",
         "GIT_DIR": str(cwd / ".git"),
         "GIT_WORK_TREE": str(cwd),
         **(env or {}),
     }
     try:
-        done = subprocess.run(
-            ["git", *_GIT_OPTIONS, *args], input=input, capture_output=True, env=scrubbed, cwd=cwd
-        )
+        done = git.run_own([*_GIT_OPTIONS, *args], cwd=cwd, env=scrubbed, input=input, timeout=None)
     except FileNotFoundError:
         raise EngineUnavailable("git is needed on the host to judge a patch") from None
     if check and done.returncode != 0:
