@@ -22,6 +22,7 @@ from hybrid.tiers.base import (
     network_misfit,
     run_in,
     shared,
+    with_job_user,
 )
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class ContainerTier:
             if failure:
                 return Probe(False, f"{detail}; {failure}", self._smoke_fix)
             detail += "; a hardened container ran"
-        return Probe(True, detail)
+        return with_job_user(detail)
 
     def run(
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None

@@ -19,8 +19,8 @@ from hybrid.errors import PolicyViolation, WorkstationError, WorkstationNotFound
 from hybrid.policy import SandboxSpec, admit, check_input_path, for_workstation
 from hybrid.shield import shielded
 from hybrid.tiers.container import tier_of
-from hybrid.workstation import disk, state
-from hybrid.workstation.base import GcReport, check_name
+from hybrid.workstation import disk, jobuser, state
+from hybrid.workstation.base import GcReport, check_image, check_name
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.docker import services
 from hybrid.workstation.docker.egress import _EGRESS_LOG_SIZE, _EGRESS_USER
@@ -90,6 +90,8 @@ class DockerBackend:
         """
         from hybrid.workstation.images import BASE_IMAGE
 
+        check_image(image)
+        jobuser.check()
         spec = spec or for_workstation(SandboxSpec(tier="docker"))
         runtime = runtime_for(spec)
         tier = tier_of(runtime)
