@@ -451,7 +451,11 @@ class SandboxSpec(_Strict):
             return cls.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            # A key is the user's text: shown escaped when it holds a control character.
+            where = ".".join(
+                repr(str(p)) if _CONTROL.search(str(p)) else str(p) for p in first["loc"]
+            )
+            where = where or "(top level)"
             more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
             message = first["msg"].removeprefix("Value error, ")
             raise PolicyError(f"{source}: {where}: {message}{more}") from None
