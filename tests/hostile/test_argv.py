@@ -128,6 +128,8 @@ def test_nul_in_every_policy_field(sandbox: Driver, marker: Path) -> None:
         spec = base.model_copy(update=update)
         attack = Attack(wasi=["print", "ran"], python="print('ran')", shell=probe_shell(marker))
         refused(lambda: sandbox.run(attack, spec=spec), PolicyViolation, marker, field)  # noqa: B023
+    # What stays allowed: a verbatim value with a newline reaches the job whole.
+    newline_value_arrives_whole(sandbox, marker)
 
 
 def test_nul_policy_on_the_command_line(sandbox: Driver, tmp_path: Path) -> None:
@@ -146,6 +148,33 @@ def test_nul_policy_on_the_command_line(sandbox: Driver, tmp_path: Path) -> None
         lines = err.decode().strip().splitlines()
         assert cli.returncode == 2, (args, out, err)
         assert len(lines) == 1 and "NUL" in lines[0] and "Traceback" not in lines[0], lines
+
+
+def newline_value_arrives_whole(sandbox: Driver, marker: Path) -> None:
+    """A newline and a tab in an env.set value are the job's data: they arrive whole, as one
+    variable, and add no option (the value looks like options on purpose)."""
+    value = "line one\n--share-net\t--ro-bind / /tmp/hostroot"
+    spec = SandboxSpec.from_dict(
+        {
+            "tier": sandbox.spec_tier,
+            "budget": sandbox.budget(wall_seconds=20).model_dump(exclude_unset=True),
+            "env": {"allow": ["X"], "set": {"X": value}},
+        }
+    )
+    if isinstance(sandbox, WorkstationDriver):
+        with sandbox.backend.create(spec) as ws:
+            result = ws.exec(["/bin/sh", "-c", 'printf %s "$X"; echo; ' + probe_shell(marker)])
+    elif sandbox.kind in ("wasi", "python"):
+        # No command line here: admitted, and the run is the tier's ordinary one.
+        result = sandbox.run(Attack(wasi=["print", "ok"], python="print('ok')"), spec=spec)
+        assert result.ok, result
+        return
+    else:
+        attack = Attack(shell='printf %s "$X"; echo; ' + probe_shell(marker))
+        result = sandbox.run(attack, spec=spec)
+    assert result.ok, result
+    assert result.stdout.startswith(value + "\n"), result.stdout[:300]
+    no_escape(result, marker)
 
 
 # -- every library argument that reaches an argv ---------------------------------------------------
@@ -224,30 +253,3 @@ def test_nul_in_library_arguments(sandbox: Driver, marker: Path, tmp_path: Path)
         result = ws.exec(["/bin/sh", "-c", shell])
         no_escape(result, marker)
         assert result.ok, result
-
-
-def test_no_escape_with_legitimate_control_characters(sandbox: Driver, marker: Path) -> None:
-    """A newline and a tab in an env.set value are the job's data: they arrive whole, as one
-    variable, and add no option (the value looks like options on purpose)."""
-    value = "line one\n--share-net\t--ro-bind / /tmp/hostroot"
-    spec = SandboxSpec.from_dict(
-        {
-            "tier": sandbox.spec_tier,
-            "budget": sandbox.budget(wall_seconds=20).model_dump(exclude_unset=True),
-            "env": {"allow": ["X"], "set": {"X": value}},
-        }
-    )
-    if isinstance(sandbox, WorkstationDriver):
-        with sandbox.backend.create(spec) as ws:
-            result = ws.exec(["/bin/sh", "-c", 'printf %s "$X"; echo; ' + probe_shell(marker)])
-    elif sandbox.kind in ("wasi", "python"):
-        # No command line here: admitted, and the run is the tier's ordinary one.
-        result = sandbox.run(Attack(wasi=["print", "ok"], python="print('ok')"), spec=spec)
-        assert result.ok, result
-        return
-    else:
-        attack = Attack(shell='printf %s "$X"; echo; ' + probe_shell(marker))
-        result = sandbox.run(attack, spec=spec)
-    assert result.ok, result
-    assert result.stdout.startswith(value + "\n"), result.stdout[:300]
-    no_escape(result, marker)
