@@ -21,7 +21,7 @@ import os
 import pwd
 from pathlib import Path
 
-from hybrid.errors import EngineUnavailable
+from hybrid.errors import EngineUnavailable, WorkstationError
 
 DEFAULT_ID = 1_999_990_000
 """The default uid and gid of every job."""
@@ -80,6 +80,21 @@ def check() -> None:
         )
 
 
+def refuse_host_ids(uid: int, gid: int, what: str) -> None:
+    """WorkstationError when ``what`` (made before jobs had ids of their own, or by another
+    configuration) runs its commands as a host account's uid or group's gid."""
+    found = []
+    with contextlib.suppress(KeyError):
+        found.append(f"uid {uid}, the host user {pwd.getpwuid(uid).pw_name!r}")
+    with contextlib.suppress(KeyError):
+        found.append(f"gid {gid}, the host group {grp.getgrgid(gid).gr_name!r}")
+    if found:
+        raise WorkstationError(
+            f"{what} runs its commands as {' and '.join(found)}, who could read and trace "
+            f"them: remove it and create it again (jobs now run as uid {JOB_UID} gid {JOB_GID})"
+        )
+
+
 def describe() -> str:
     """One line for ``hybrid doctor``: the ids, and whether a host account holds them."""
     found = holders()
@@ -103,4 +118,13 @@ def _ranges(path: Path) -> list[tuple[str, int, int]]:
     return ranges
 
 
-__all__ = ["DEFAULT_ID", "JOB_GID", "JOB_UID", "USER", "check", "describe", "holders"]
+__all__ = [
+    "DEFAULT_ID",
+    "JOB_GID",
+    "JOB_UID",
+    "USER",
+    "check",
+    "describe",
+    "holders",
+    "refuse_host_ids",
+]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import pwd
 import secrets
@@ -22,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_kit import Attack, Driver
+from hostile_kit import Attack, Driver, hybrid_cli
 
+from hybrid.errors import EngineUnavailable, WorkstationError
 from hybrid.policy import Environment
 from hybrid.results import ExecutionResult
 from hybrid.workstation import jobuser
@@ -204,3 +206,31 @@ def test_host_account_cannot_read_or_trace_a_job(
                 os.kill(pid, signal.SIGKILL)
         runner.join(120)
     assert not runner.is_alive()
+
+
+def test_jobs_refuse_ids_a_host_account_has(
+    sandbox: Driver, old_account: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ids a host account has (here the old 1000, set through HYBRID_JOB_UID) stop every process
+    tier before anything runs, with one line; doctor says why; a docker backend told to run its
+    jobs as that account refuses too."""
+    _process_tier(sandbox)
+    uid, gid = old_account
+    monkeypatch.setenv("HYBRID_JOB_UID", str(uid))  # for the CLI children only: read at import
+    monkeypatch.setenv("HYBRID_JOB_GID", str(gid))
+    tier = sandbox.spec_tier
+    run = hybrid_cli(["run", "--tier", tier, "--processes", "--", "/bin/sh", "-c", "echo ran"])
+    out, err = run.communicate(timeout=180)
+    lines = err.decode().strip().splitlines()
+    assert run.returncode == EngineUnavailable.exit_code, (out, err)
+    assert b"ran" not in out and len(lines) == 1 and f"uid {uid}" in lines[0], lines
+    doctor = hybrid_cli(["doctor", "--json"])
+    out, err = doctor.communicate(timeout=180)
+    rows = {row["tier"]: row for row in json.loads(out)}
+    assert not rows[tier]["available"] and f"uid {uid}" in rows[tier]["detail"], rows[tier]
+    assert "HYBRID_JOB_UID" in rows[tier]["fix"], rows[tier]
+    if tier in ("docker", "gvisor"):
+        from hybrid.workstation.docker import DockerBackend
+
+        with pytest.raises(WorkstationError, match=f"uid {uid}"):
+            DockerBackend(user=f"{uid}:{gid}").create(sandbox.spec())

@@ -90,6 +90,7 @@ class BwrapWorkstation:
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv); the deadline kills its whole pid namespace."""
         argv = exec_args(cmd, env, workdir)
+        jobuser.check()  # a host account made since create() would share the jobs' uid
         self._live()
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         cwd = str(

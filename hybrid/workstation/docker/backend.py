@@ -47,6 +47,7 @@ from hybrid.workstation.docker.labels import (
     _host_pids,
     _info,
     _owner,
+    _owner_ids,
     _snapshot_info,
     owner_alive,
     runtime_for,
@@ -92,6 +93,7 @@ class DockerBackend:
 
         check_image(image)
         jobuser.check()
+        jobuser.refuse_host_ids(*_owner_ids(self.user), "a workstation of this backend")
         spec = spec or for_workstation(SandboxSpec(tier="docker"))
         runtime = runtime_for(spec)
         tier = tier_of(runtime)

@@ -22,8 +22,14 @@ from hybrid.errors import EngineUnavailable, InvalidInput, PolicyViolation, Work
 from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.tiers.container import tier_of
-from hybrid.workstation import archive, cgroup, disk, state
-from hybrid.workstation.base import AttachCommand, check_name, check_transfer, exec_args
+from hybrid.workstation import archive, cgroup, disk, jobuser, state
+from hybrid.workstation.base import (
+    AttachCommand,
+    check_name,
+    check_transfer,
+    command_argv,
+    exec_args,
+)
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.docker import backstop, services
 from hybrid.workstation.docker.egress import egress_log
@@ -122,6 +128,7 @@ class DockerWorkstation:
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv); the deadline kills every process inside."""
         argv = exec_args(cmd, env, workdir)
+        jobuser.refuse_host_ids(*_owner_ids(self.user), f"workstation {self.name}")
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         if workdir is not None and not workdir.startswith("/"):
             workdir = f"{self.spec.workspace}/{workdir}"
@@ -664,6 +671,8 @@ class DockerWorkstation:
             raise EngineUnavailable(
                 "the docker command-line client is needed to attach (apt-get install docker.io)"
             )
+        program = command_argv([program])[0]
+        jobuser.refuse_host_ids(*_owner_ids(self.user), f"workstation {self.name}")
         environment = self._environment(None)
         self._ensure_running()
         argv = [docker_cli, "exec", "-it" if tty else "-i", "-u", self.user]

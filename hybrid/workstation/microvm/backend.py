@@ -93,6 +93,7 @@ class MicrovmWorkstation(LocalWorkstation):
     ) -> ExecutionResult:
         """Run ``cmd`` in the guest; the deadline kills its whole cgroup there."""
         argv = exec_args(cmd, env, workdir)
+        jobuser.check()  # a host account made since create() would own the shared workspace
         self._live()
         refused = sorted(set(env or {}) - set(self.spec.env.allow))
         if refused:
