@@ -2,11 +2,13 @@
 
 A deny list, like Docker's default profile in spirit: what compilers, interpreters and test
 runners use stays allowed; what reaches into other processes, the kernel or the mount table
-fails with EPERM, and so do ``personality`` with a persona that weakens the process (READ_IMPLIES_EXEC,
-ADDR_NO_RANDOMIZE) and ``socket(AF_VSOCK)``: vsock is not network-namespaced. A syscall of a foreign ABI (i386 or x32 on x86_64) kills the process: its
-numbers differ, so a deny list written for the native ABI would not hold there. ``clone`` with a
-namespace flag fails with EPERM and ``clone3`` with ENOSYS (its flags live in memory a filter
-cannot read; libc falls back to ``clone``).
+fails with EPERM. So do ``personality`` with a persona Docker's profile does not allow
+(READ_IMPLIES_EXEC makes every readable mapping executable, ADDR_NO_RANDOMIZE ends ASLR) and
+``socket(AF_VSOCK)`` (vsock is not network-namespaced: it reaches the host or its hypervisor). A
+syscall of a foreign ABI (i386 or x32 on x86_64) kills the process: its numbers differ, so a deny
+list written for the native ABI would not hold there. ``clone`` with a namespace flag fails with
+EPERM and ``clone3`` with ENOSYS (its flags live in memory a filter cannot read; libc falls back
+to ``clone``).
 """
 
 from __future__ import annotations
