@@ -263,6 +263,8 @@ def _owner() -> str:
 
 def _smoke(made: Any, runtime: str, image: str) -> str:
     """Run `true` hardened under ``runtime`` with a hard timeout (runsc can hang on a bad platform)."""
+    from hybrid.workstation import jobuser
+
     outcome: dict[str, str] = {}
 
     def attempt() -> None:
@@ -272,6 +274,7 @@ def _smoke(made: Any, runtime: str, image: str) -> str:
                 image,
                 ["true"],
                 runtime=runtime,
+                user=jobuser.USER,
                 network_mode="none",
                 read_only=True,
                 cap_drop=["ALL"],
