@@ -125,6 +125,9 @@ def text_problem(value: str, *, data: bool = False) -> str | None:
     else (names, paths, images, host patterns) refuses every control character.
     """
     if "\0" in value:
+        # A value (an env.set secret, say) is not repeated in the message: its position is.
+        if data:
+            return f"must not contain a NUL byte (at character {value.index(chr(0))})"
         return f"must not contain a NUL byte: {value!r}"
     if not data and _CONTROL.search(value):
         return f"must not contain control characters: {value!r}"

@@ -133,6 +133,7 @@ def _read_inputs(files: InputFiles) -> list[tuple[str, bytes]]:
                 "files={'data.csv': path}"
             ) from None
         if isinstance(content, Path):
+            check_text(str(content), "input file", data=True)
             data = read_input(content, "input file")
         else:
             data = content.encode() if isinstance(content, str) else bytes(content)
