@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from hostile_kit import Attack, Driver, hybrid_cli
 
+from hybrid import tiers
 from hybrid.errors import EngineUnavailable, WorkstationError
 from hybrid.policy import Environment
 from hybrid.results import ExecutionResult
@@ -110,6 +111,11 @@ def test_job_ids_belong_to_no_host_account(sandbox: Driver) -> None:
         assert _group(gid) is None, f"the job's gid {gid} is the host group {_group(gid)}"
         assert not _subordinate("/etc/subgid", gid), gid
     assert uids == {jobuser.JOB_UID} and gids == {jobuser.JOB_GID}, (uids, gids)
+    # What doctor says of the tier: these ids, held by no account.
+    found = tiers.get(sandbox.spec_tier).probe()
+    assert found.available, found
+    assert f"uid {jobuser.JOB_UID} gid {jobuser.JOB_GID}" in found.detail, found.detail
+    assert "no host account" in found.detail, found.detail
 
 
 @pytest.fixture(scope="module")
