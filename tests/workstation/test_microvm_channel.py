@@ -98,8 +98,9 @@ def _answer(conn: socket.socket, request: dict[str, object], line: bytes) -> Non
         b"null\n",
         b"{not json\n",
         b'{"id": "1", "pong": true}\n',  # an id the host never gave, of the wrong type
+        b"[" * 200_000 + b"\n",  # nested past the parser's recursion limit
     ],
-    ids=["list", "number", "string", "null", "not-json", "string-id"],
+    ids=["list", "number", "string", "null", "not-json", "string-id", "deep"],
 )
 def test_a_malformed_message_is_a_guest_failure(
     machine_with: Callable[[Behaviour], vm.Machine], line: bytes

@@ -518,7 +518,7 @@ def parse_message(line: bytes) -> dict[str, Any]:
     """One agent message: a JSON object with an integer ``id``; GuestFailure otherwise."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past the stack
         raise GuestFailure(f"{GUEST_FAILURE}: not JSON ({line[:60]!r})") from None
     if not isinstance(message, dict):
         raise GuestFailure(f"{GUEST_FAILURE}: a JSON {type(message).__name__}, not an object")
