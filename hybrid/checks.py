@@ -35,6 +35,7 @@ from hybrid.errors import (
     OutOfFuel,
     OutOfMemory,
 )
+from hybrid.markers import neutralise
 from hybrid.paths import display, open_input, read_input
 from hybrid.policy import Budget, Mount, SandboxSpec, check_input_path
 from hybrid.results import Termination, Usage
@@ -412,7 +413,16 @@ def redact(
     }
     # Any text may be redacted, a file name too: no guard against one.
     stdin = _stdin(text, path, "text", name_guard=False)
-    return _run("redact", RedactReport, request, stdin=stdin, budget=budget)
+    raw = stdin if isinstance(stdin, bytes) else read_input(stdin, "text file")
+    # Marker look-alikes (zero-width characters, fullwidth or Cyrillic letters) the module's
+    # ASCII pattern cannot see are neutralised here first (hybrid.markers).
+    decoded = raw.decode("utf-8", "replace")
+    cleaned, lookalikes = neutralise(decoded)
+    if lookalikes:
+        raw = cleaned.encode()
+    report = _run("redact", RedactReport, request, stdin=raw, budget=budget)
+    report.markers_neutralised += lookalikes
+    return report
 
 
 def scope(

@@ -35,7 +35,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from hybrid import tiers
-from hybrid.errors import PolicyError, PolicyViolation
+from hybrid.errors import InvalidInput, PolicyError, PolicyViolation
 from hybrid.paths import cache_root, display, read_text_input, state_root
 from hybrid.tiers.base import TierLimits as TierLimits  # re-exported
 from hybrid.tiers.wasm import WASM_DISK_MAX as WASM_DISK_MAX  # re-exported
@@ -111,6 +111,97 @@ def moment(value: Any) -> Any:
 
 Moment = Annotated[AwareDatetime, BeforeValidator(moment)]
 
+# Control characters. A NUL splits a value wherever it is written as a C string or into a
+# NUL-separated list (bwrap's --args, /proc/PID/environ): the rest of the value becomes more
+# options. The others (newline, escape, ...) have no place in a name, a path or a host pattern.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def text_problem(value: str, *, data: bool = False) -> str | None:
+    """Why ``value`` may not reach an argv, an environment or a path, or None.
+
+    ``data`` is for values a job receives verbatim (an argv element, an environment value): a
+    multi-line script or a certificate is legitimate there, so only a NUL is refused. Everything
+    else (names, paths, images, host patterns) refuses every control character.
+    """
+    if "\0" in value:
+        # A value (an env.set secret, say) is not repeated in the message: its position is.
+        if data:
+            return f"must not contain a NUL byte (at character {value.index(chr(0))})"
+        return f"must not contain a NUL byte: {value!r}"
+    if not data and _CONTROL.search(value):
+        return f"must not contain control characters: {value!r}"
+    return None
+
+
+def check_text(value: str, what: str, *, data: bool = False) -> str:
+    """``value``, or InvalidInput naming ``what`` when text_problem() refuses it."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what}: must be a string, got {type(value).__name__}")
+    problem = text_problem(value, data=data)
+    if problem:
+        raise InvalidInput(f"{what}: {problem}")
+    return value
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` is not an environment variable name, or None."""
+    if not name:
+        return "an environment variable name must not be empty"
+    if "=" in name:
+        return f"an environment variable name must not contain '=': {name!r}"
+    if _CONTROL.search(name) or any(c.isspace() for c in name):
+        return (
+            f"an environment variable name must not contain control characters or spaces: {name!r}"
+        )
+    return None
+
+
+def check_env(env: dict[str, str] | None, what: str = "env") -> dict[str, str]:
+    """``env`` (names and values checked as in a policy), or InvalidInput."""
+    for name, value in (env or {}).items():
+        problem = env_name_problem(name) if isinstance(name, str) else "names must be strings"
+        if problem:
+            raise InvalidInput(f"{what}: {problem}")
+        check_text(value, f"{what}: {name}", data=True)
+    return dict(env or {})
+
+
+def _plain(value: str) -> str:
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _data(value: str) -> str:
+    problem = text_problem(value, data=True)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _plain_path(value: Path) -> Path:
+    _plain(os.fspath(value))
+    return value
+
+
+def _env_name(value: str) -> str:
+    problem = env_name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Plain = Annotated[str, AfterValidator(_plain)]
+"""A name, path, image or pattern: no control character at all."""
+Data = Annotated[str, AfterValidator(_data)]
+"""A value a job receives verbatim (argv element, environment value): no NUL."""
+PlainPath = Annotated[Path, AfterValidator(_plain_path)]
+"""A host path: no control character."""
+EnvName = Annotated[str, AfterValidator(_env_name)]
+"""An environment variable name: no '=', no control character, no space."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -178,8 +269,8 @@ def for_workstation(spec: SandboxSpec) -> SandboxSpec:
 class Mount(_Strict):
     """A host path made visible inside the sandbox."""
 
-    source: Path = Field(description="Host path.")
-    target: str = Field(description="Absolute path inside the sandbox.")
+    source: PlainPath = Field(description="Host path.")
+    target: Plain = Field(description="Absolute path inside the sandbox.")
     mode: Literal["ro", "rw"] = Field("ro", description="Read-only (default) or read-write.")
 
     @field_validator("target")
@@ -197,7 +288,7 @@ class NetworkPolicy(_Strict):
     mode: Literal["none", "egress"] = Field(
         "none", description="none, or egress to the allow-list only."
     )
-    allow: list[str] = Field(
+    allow: list[Plain] = Field(
         default_factory=list, description="host[:port] patterns reachable in egress mode."
     )
 
@@ -205,11 +296,16 @@ class NetworkPolicy(_Strict):
 class Environment(_Strict):
     """The environment a job sees: nothing from the host unless named here."""
 
-    allow: list[str] = Field(
+    allow: list[EnvName] = Field(
         default_factory=list, description="Names that may be set or inherited."
     )
-    set: dict[str, str] = Field(default_factory=dict, description="Variables set to these values.")
-    inherit: list[str] = Field(default_factory=list, description="Variables copied from the host.")
+    # A value may hold newlines (a certificate, a JSON document): it reaches the job verbatim.
+    set: dict[EnvName, Data] = Field(
+        default_factory=dict, description="Variables set to these values."
+    )
+    inherit: list[EnvName] = Field(
+        default_factory=list, description="Variables copied from the host."
+    )
 
     def resolve(self) -> dict[str, str]:
         """The concrete environment: ``set`` plus the inherited host values that exist."""
@@ -225,18 +321,18 @@ class DepsPolicy(_Strict):
     checked against these rules (``hybrid.deps.admit``) before anything enters.
     """
 
-    allow: list[str] = Field(
+    allow: list[Plain] = Field(
         default_factory=list,
         description="Package name patterns that may enter (globs); empty means any not denied.",
     )
-    deny: list[str] = Field(
+    deny: list[Plain] = Field(
         default_factory=list, description="Package name patterns that never enter (globs)."
     )
     require_pins: bool = Field(
         False,
         description="Every requirement the project declares must pin one version (==) or come from a lockfile.",
     )
-    approved: Path | None = Field(
+    approved: PlainPath | None = Field(
         None,
         description="A manifest file (hybrid deps lock --output); nothing outside its (name, version, sha256) enters.",
     )
@@ -245,7 +341,7 @@ class DepsPolicy(_Strict):
         gt=0,
         description="Total size the admitted artifacts may have (accepts 500M, 2G).",
     )
-    groups: list[str] = Field(
+    groups: list[Plain] = Field(
         default_factory=lambda: ["test", "tests", "testing", "dev"],
         description="Optional extras and dependency groups installed with the project's own.",
     )
@@ -270,31 +366,31 @@ class Service(_Strict):
     kind: Literal["postgres", "redis", "image"] = Field(
         description="postgres or redis (images built here from Debian packages), or image (any local image)."
     )
-    name: str | None = Field(
+    name: Plain | None = Field(
         None, description="Name (a-z, 0-9, -), unique in the workstation; default the kind."
     )
-    version: str | None = Field(
+    version: Plain | None = Field(
         None, description="Major version (postgres 15, redis 7: what the Debian release ships)."
     )
-    image: str | None = Field(
+    image: Plain | None = Field(
         None, description="Local image to run (kind image; overrides the built one otherwise)."
     )
     port: int | None = Field(
         None, gt=0, lt=65536, description="TCP port on 127.0.0.1 (default 5432 / 6379)."
     )
-    env: dict[str, str] = Field(
+    env: dict[EnvName, Data] = Field(
         default_factory=dict,
         description=(
             "Its settings: POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB; REDIS_PASSWORD; "
             "anything for kind image. Throwaway values: they are kept in engine labels."
         ),
     )
-    command: list[str] | None = Field(None, description="Command of kind image (default its own).")
-    health: list[str] | None = Field(
+    command: list[Data] | None = Field(None, description="Command of kind image (default its own).")
+    health: list[Data] | None = Field(
         None,
         description="argv run inside it until it exits 0 (default pg_isready / redis-cli ping).",
     )
-    data: str | None = Field(
+    data: Plain | None = Field(
         None, description="Data directory kept in a volume and snapshots (kind image)."
     )
     ready_seconds: Number = Field(30.0, gt=0, description="How long it may take to be healthy.")
@@ -331,7 +427,7 @@ class SandboxSpec(_Strict):
     budget: Budget = Field(default_factory=Budget)
     network: NetworkPolicy = Field(default_factory=NetworkPolicy)
     mounts: list[Mount] = Field(default_factory=list)
-    workspace: str = Field("/workspace", description="The one writable area inside the sandbox.")
+    workspace: Plain = Field("/workspace", description="The one writable area inside the sandbox.")
     env: Environment = Field(default_factory=Environment)
     deps: DepsPolicy | None = Field(
         None, description="Dependency admission for `ws up --deps` (unset: the defaults)."
@@ -358,7 +454,11 @@ class SandboxSpec(_Strict):
             return cls.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            # A key is the user's text: shown escaped when it holds a control character.
+            where = ".".join(
+                repr(str(p)) if _CONTROL.search(str(p)) else str(p) for p in first["loc"]
+            )
+            where = where or "(top level)"
             more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
             message = first["msg"].removeprefix("Value error, ")
             raise PolicyError(f"{source}: {where}: {message}{more}") from None
@@ -653,7 +753,7 @@ def _credential_env(name: str) -> bool:
 
 def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
     """Every reason ``spec`` may not run (on ``tier``, default the spec's own); empty means admitted."""
-    violations: list[str] = []
+    violations: list[str] = _text_violations(spec)
     tier = tier or spec.tier
     chosen = [tiers.get(t) for t in (tiers.names() if tier == "auto" else (tier,))]
     limits = [t.limits() for t in chosen]
@@ -748,6 +848,53 @@ def admit(spec: SandboxSpec, tier: str | None = None) -> list[str]:
                     f"budget.{name}: {show(value)} is below the {tier} tier's minimum of {show(floor)} ({why})"
                 )
     return violations
+
+
+def _text_violations(spec: SandboxSpec) -> list[str]:
+    """The validators' text rules again, for a spec that skipped them (``model_copy(update=)``,
+    ``model_construct``): every string of it that reaches an argv, an environment or a path."""
+    plain: list[tuple[str, str]] = [("workspace", spec.workspace)]
+    data: list[tuple[str, str]] = []
+    names: list[tuple[str, str]] = []
+    for i, mount in enumerate(spec.mounts):
+        plain += [
+            (f"mounts[{i}].source", os.fspath(mount.source)),
+            (f"mounts[{i}].target", mount.target),
+        ]
+    plain += [(f"network.allow[{i}]", pattern) for i, pattern in enumerate(spec.network.allow)]
+    env = spec.env
+    names += [("env.allow", n) for n in env.allow] + [("env.inherit", n) for n in env.inherit]
+    for name, value in env.set.items():
+        names.append(("env.set", name))
+        data.append((f"env.set.{name}", value))
+    for i, service in enumerate(spec.services):
+        where = f"services[{i}]"
+        for field in ("name", "version", "image", "data"):
+            value = getattr(service, field)
+            if value is not None:
+                plain.append((f"{where}.{field}", value))
+        for name, value in service.env.items():
+            names.append((f"{where}.env", name))
+            data.append((f"{where}.env.{name}", value))
+        for field in ("command", "health"):
+            data += [(f"{where}.{field}", v) for v in getattr(service, field) or ()]
+    if spec.deps is not None:
+        deps = spec.deps
+        plain += [("deps.allow", v) for v in deps.allow] + [("deps.deny", v) for v in deps.deny]
+        plain += [("deps.groups", v) for v in deps.groups]
+        if deps.approved is not None:
+            plain.append(("deps.approved", os.fspath(deps.approved)))
+    found = []
+    checks = [(w, v, False) for w, v in plain] + [(w, v, True) for w, v in data]
+    for where, value, verbatim in checks:
+        problem = text_problem(str(value), data=verbatim)
+        if problem:
+            found.append(f"{where}: {problem}")
+    for where, name in names:
+        problem = env_name_problem(str(name))
+        if problem:
+            found.append(f"{where}: {problem}")
+    return found
 
 
 def _service_problems(spec: SandboxSpec, tier: str) -> list[str]:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybrid import tiers
 from hybrid.errors import EngineUnavailable, PolicyViolation
-from hybrid.policy import SandboxSpec, admit
+from hybrid.policy import SandboxSpec, admit, check_text
 from hybrid.results import ExecutionResult
 from hybrid.tiers.base import probe_session
 
@@ -202,6 +202,11 @@ def run(
     on_output: Callable[[str, bytes], None] | None = None,
 ) -> ExecutionResult:
     """Route ``job`` and run it there; every tier returns the same ExecutionResult."""
+    # Before any tier is chosen or sandbox made: what reaches a command line holds no NUL.
+    for i, arg in enumerate(job.command):
+        check_text(arg, f"command argument {i}", data=True)
+    if job.image is not None:
+        check_text(job.image, "image")
     chosen = route(job, tier, available)
     log.info("routed to %s: %s", chosen.tier, "; ".join(chosen.reasons))
     for name, why in chosen.rejected.items():

@@ -1,11 +1,17 @@
 """The review gate: what a candidate patch must pass before a person looks at it.
 
-Task tests pass; regressions pass; the touched paths are in scope (the ``scope`` check: allowed
-prefixes, ``.env*``, CI workflows, credential files, lockfiles unless allowed); the policy scan
-finds no secret added by the diff (the ``redact`` check) and no dependency change that has not
-been admitted. The tests run in a fresh workstation holding a copy of the repository with the
-patch applied by ``git apply``; the reviewed diff is computed on the host. It never merges or
-pushes: the disposition is ``ready for human review`` or ``blocked`` with every reason.
+The patch is judged by what git writes, before any untrusted code runs: git applies it on the
+host into a scratch index (hybrid.agent.applied), and every check reads that result. The touched
+paths are in scope (the ``scope`` check on git's own diff of the result: allowed prefixes,
+``.env*``, CI workflows, credential files, lockfiles unless allowed; no symlink out of the
+repository, no submodule); no credential is added (hybrid.agent.secretscan, on every added line
+and every binary byte); no dependency manifest changes unless admitted; neither the task's tests
+nor the test machinery change (hybrid.agent.testfiles), unless the task says its tests may
+change, and even then the tests that run are the task's. An empty patch, or one that changes
+nothing, is blocked. The reviewed diff is that result, fixed before the tests run; the
+workstation applies it (the task's tests restored), the gate checks that the tree it tests is
+that tree, then runs the task's tests and regressions there. It never merges or pushes: the
+disposition is ``ready for human review`` or ``blocked`` with every reason.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from hybrid.agent.applied import MODE_GITLINK, MODE_LINK, Change
 from hybrid.errors import InvalidDiff, InvalidInput
 from hybrid.paths import display
 from hybrid.policy import Budget, SandboxSpec
-from hybrid.results import ExecutionResult
+from hybrid.results import ExecutionResult, Termination
 
 READY = "ready for human review"
 BLOCKED = "blocked"
@@ -65,59 +72,82 @@ class GateReport(BaseModel):
     reasons: list[str] = Field(default_factory=list, description="Every reason it is blocked.")
     checks: list[GateCheck] = Field(default_factory=list)
     files: list[str] = Field(default_factory=list, description="Paths the patch touches.")
-    reviewed_diff: str = Field("", description="The diff as applied, computed on the host.")
+    reviewed_diff: str = Field(
+        "", description="git's diff of what the patch writes, fixed before any test ran."
+    )
 
     @property
     def ready(self) -> bool:
         return self.disposition == READY
 
 
-def added_lines(patch: str) -> str:
-    """The lines a unified diff adds (what the secret scan reads)."""
-    return "\n".join(
-        line[1:]
-        for line in patch.splitlines()
-        if line.startswith("+") and not line.startswith("+++")
+NOTHING = "the patch changes nothing"
+
+
+class Judgement(BaseModel):
+    """The host-side checks of a patch, on what git writes."""
+
+    checks: list[GateCheck] = Field(default_factory=list)
+    files: list[str] = Field(default_factory=list, description="Every path git writes.")
+    reviewed_diff: str = Field("", description="git's diff of what the patch writes.")
+    tested_diff: str = Field(
+        "", description="What the workstation applies: the reviewed diff, the task's tests kept."
     )
 
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
 
-def static_checks(
+    @property
+    def applies(self) -> bool:
+        """There is a tree to test: git applied the patch and it changes more than tests."""
+        return bool(self.tested_diff)
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def judge(
     patch: str,
+    repo: Path,
     *,
+    tests: Sequence[str] = (),
     allow: Sequence[str] = (),
     deny: Sequence[str] = (),
     allow_lockfiles: bool = False,
     allow_dependencies: bool = False,
-) -> tuple[list[GateCheck], list[str]]:
-    """Scope, secrets and dependency checks (no sandbox): the checks and the touched paths.
+    tests_may_change: bool = False,
+) -> Judgement:
+    """Scope, secrets, dependencies and test-machinery checks of what git writes for ``patch``
+    on ``repo`` (nothing runs in a sandbox). ``tests`` are the task's test paths."""
+    from hybrid.agent.applied import host_apply
+    from hybrid.agent.testfiles import judged_changes
 
-    Raises InvalidDiff for a patch that does not parse.
-    """
-    from hybrid.checks import redact, scope
-
-    report = scope(patch, allow=allow, deny=deny, allow_lockfiles=allow_lockfiles)
-    files = [f.path for f in report.files]
-    checks = [
-        GateCheck(
-            name="scope",
-            passed=not report.violations,
-            detail="; ".join(f"{v.message} ({v.rule})" for v in report.violations)
-            or f"{len(files)} file(s) in scope",
-        )
-    ]
-    scan = redact(added_lines(patch), max_bytes=8 * 1024 * 1024, label="patch")
-    found = ", ".join(f"{kind} x{n}" for kind, n in sorted(scan.counts.items()))
-    checks.append(
-        GateCheck(
-            name="secrets",
-            passed=scan.ok and scan.redactions == 0,
-            detail=f"the diff adds secrets: {found}"
-            if scan.redactions
-            else (scan.detail or "no secret added"),
-        )
+    if not patch.strip():
+        return Judgement(checks=[GateCheck(name="patch", passed=False, detail=NOTHING)])
+    try:
+        with host_apply(repo, patch) as applied:
+            if applied.result == applied.base:
+                return Judgement(checks=[GateCheck(name="patch", passed=False, detail=NOTHING)])
+            changes = applied.changes
+            blobs = applied.contents(o for c in changes for o in (c.old_oid, c.new_oid) if o)
+            reviewed = applied.diff()
+            touched = judged_changes(changes, tests, lambda oid: blobs.get(oid) if oid else None)
+            restored = applied.restoring(p for p, _ in touched) if touched else applied.result
+            tested = applied.diff(restored) if restored != applied.base else b""
+    except InvalidDiff as exc:
+        check = GateCheck(name="apply", passed=False, detail=exc.message)
+        return Judgement(checks=[check])
+    judgement = Judgement(
+        files=sorted({c.path for c in changes}),
+        reviewed_diff=_decode(reviewed),
+        tested_diff=_decode(tested),
     )
-    manifests = [p for p in files if DEPENDENCY_FILES.search(p)]
-    checks.append(
+    judgement.checks.append(_scope(reviewed, changes, blobs, allow, deny, allow_lockfiles))
+    judgement.checks.append(_secrets(changes, blobs))
+    manifests = [c.path for c in changes if DEPENDENCY_FILES.search(c.path)]
+    judgement.checks.append(
         GateCheck(
             name="dependencies",
             passed=allow_dependencies or not manifests,
@@ -128,16 +158,114 @@ def static_checks(
             ),
         )
     )
-    return checks, files
+    listed = "; ".join(f"{path} ({why})" for path, why in touched)
+    if not touched:
+        detail = "the task's tests and the test machinery are unchanged"
+    elif tests_may_change:
+        detail = f"restored to the task's version before the tests run: {listed}"
+    else:
+        detail = f"the patch changes the task's tests or the test machinery: {listed}"
+    judgement.checks.append(
+        GateCheck(name="tests", passed=tests_may_change or not touched, detail=detail)
+    )
+    if tests_may_change and not tested:
+        judgement.checks.append(
+            GateCheck(name="patch", passed=False, detail=f"{NOTHING} but the task's tests")
+        )
+    return judgement
 
 
-def run_in(ws: Any, patch: str, commands: Sequence[tuple[str, str]]) -> list[GateCheck]:
-    """Apply ``patch`` in workstation ``ws`` and run each (name, shell command) there."""
-    if len(patch.encode()) <= ARGUMENT_PATCH_BYTES and "\0" not in patch:
+def _scope(
+    reviewed: bytes,
+    changes: Sequence[Change],
+    blobs: dict[str, bytes],
+    allow: Sequence[str],
+    deny: Sequence[str],
+    allow_lockfiles: bool,
+) -> GateCheck:
+    from hybrid.checks import scope
+
+    try:
+        report = scope(reviewed, allow=allow, deny=deny, allow_lockfiles=allow_lockfiles)
+        problems = [f"{v.message} ({v.rule})" for v in report.violations]
+        if report.termination is not Termination.OK:  # out of fuel, say: judged nothing
+            problems.append(f"the scope check ended early ({report.termination.value})")
+    except InvalidDiff as exc:  # git's own diff: only a module limit can refuse it
+        problems = [f"the scope check could not read git's diff: {exc.message}"]
+    for change in changes:
+        if change.new_mode == MODE_GITLINK:
+            problems.append(f"{change.path} becomes a submodule (gitlink)")
+    links = [c for c in changes if c.new_mode == MODE_LINK and c.new_oid]
+    if links:
+        from hybrid.workstation.archive import escapes
+
+        for change in links:
+            target = blobs.get(change.new_oid or "", b"/").decode("utf-8", "replace")
+            if target.startswith("/") or escapes(change.path, target):
+                problems.append(
+                    f"{change.path} becomes a symlink out of the repository (symlink-escape)"
+                )
+    paths = {c.path for c in changes}
+    return GateCheck(
+        name="scope",
+        passed=not problems,
+        detail="; ".join(problems) or f"{len(paths)} file(s) in scope",
+    )
+
+
+def _secrets(changes: Sequence[Change], blobs: dict[str, bytes]) -> GateCheck:
+    from hybrid.agent.secretscan import added_text, scan_text
+
+    found: dict[str, int] = {}
+    where: list[str] = []
+    for change in changes:
+        if not change.new_oid or change.new_oid not in blobs:
+            continue
+        old = blobs.get(change.old_oid or "")
+        counts = scan_text(added_text(old, blobs[change.new_oid]), change.path)
+        if counts:
+            where.append(change.path)
+            for kind, n in counts.items():
+                found[kind] = found.get(kind, 0) + n
+    listed = ", ".join(f"{kind} x{n}" for kind, n in sorted(found.items()))
+    return GateCheck(
+        name="secrets",
+        passed=not found,
+        detail=f"the diff adds secrets: {listed} (in {', '.join(where)})"
+        if found
+        else "no secret added",
+    )
+
+
+def static_checks(
+    patch: str,
+    repo: Path,
+    **options: Any,
+) -> tuple[list[GateCheck], list[str]]:
+    """The host-side checks (``judge``) as (checks, files)."""
+    judgement = judge(patch, repo, **options)
+    return judgement.checks, judgement.files
+
+
+def run_in(
+    ws: Any, patch: str, commands: Sequence[tuple[str, str]], *, verify: bool = False
+) -> list[GateCheck]:
+    """Apply ``patch`` in workstation ``ws`` and run each (name, shell command) there.
+
+    With ``verify``, nothing runs unless the workstation's tree after the apply is exactly
+    ``patch`` over the tree that went in (its diff, read from the host, equals ``patch``).
+    """
+    data = patch.encode("utf-8", errors="surrogateescape")
+    try:
+        data.decode("utf-8")
+        as_argument = len(data) <= ARGUMENT_PATCH_BYTES and b"\0" not in data
+    except UnicodeDecodeError:  # not text the engine's JSON can carry: copy it in
+        as_argument = False
+    if as_argument:
         # git apply runs as the sandbox's user and refuses paths outside the work tree.
         applied = ws.exec(["sh", "-c", 'printf "%s" "$0" | git apply --whitespace=nowarn -', patch])
     else:
-        ws.put(patch.encode(), PATCH_PATH)
+        ws.put(data, PATCH_PATH)
         # One exec applies and removes the patch file (each exec is a round trip to the engine).
         applied = ws.exec(
             [
@@ -152,6 +280,18 @@ def run_in(ws: Any, patch: str, commands: Sequence[tuple[str, str]]) -> list[Gat
         detail = f"the patch does not apply: {why[0] if why else applied.termination.value}"
         return [GateCheck(name="apply", passed=False, detail=detail, result=applied)]
     checks = [GateCheck(name="apply", passed=True, detail="git apply: clean")]
+    if verify:
+        if ws.diff() != patch:
+            checks.append(
+                GateCheck(
+                    name="tree",
+                    passed=False,
+                    detail="the workstation's tree after the apply is not the judged tree "
+                    "(nothing was run)",
+                )
+            )
+            return checks
+        checks.append(GateCheck(name="tree", passed=True, detail="the judged tree"))
     for name, command in commands:
         result = ws.exec(["sh", "-c", command])
         detail = "passed" if result.ok else _failure(command, result)
@@ -178,6 +318,7 @@ def gate(
     deny: Sequence[str] = (),
     allow_lockfiles: bool = False,
     allow_dependencies: bool = False,
+    tests_may_change: bool = False,
     spec: SandboxSpec | None = None,
     image: str | None = None,
     progress: Progress | None = None,
@@ -186,31 +327,36 @@ def gate(
 
     ``related`` is a test runner command (e.g. ``python3 -m pytest -q``) run on the test files
     the context graph relates to the touched files, as a second regression check.
+    ``tests_may_change``: the patch may change the task's tests or the test machinery (it is
+    not blocked for it), but the tests that run are still the task's.
     """
+    from hybrid.agent.testfiles import named_tests
+
     say = progress or (lambda message: None)
     repo = Path(repo)
     if not repo.is_dir():
         raise InvalidInput(f"{display(repo)}: not a directory (--repo names the repository)")
     if not test.strip():
         raise InvalidInput("the gate needs a test command (--test)")
-    say("static checks: scope, secrets, dependencies")
-    try:
-        checks, files = static_checks(
-            patch,
-            allow=allow,
-            deny=deny,
-            allow_lockfiles=allow_lockfiles,
-            allow_dependencies=allow_dependencies,
-        )
-    except InvalidDiff as exc:
-        check = GateCheck(name="patch", passed=False, detail=f"the patch does not parse: {exc}")
-        return GateReport(disposition=BLOCKED, reasons=[check.detail], checks=[check])
-    from hybrid.workstation import backend
-
+    say("judging what git writes: scope, secrets, dependencies, tests")
     commands = [("test", test)] + ([("regression", regression)] if regression else [])
+    named = named_tests([c for _, c in commands], repo)
+    options: dict[str, Any] = {
+        "allow": allow,
+        "deny": deny,
+        "allow_lockfiles": allow_lockfiles,
+        "allow_dependencies": allow_dependencies,
+        "tests_may_change": tests_may_change,
+    }
+    judgement = judge(patch, repo, tests=named, **options)
+    checks = list(judgement.checks)
     tests: list[str] = []
-    if related:
-        tests = related_tests(repo, files)
+    if related and judgement.files:
+        tests = related_tests(repo, judgement.files)
+        if set(tests) - set(named):  # the related tests judge too: they are the task's
+            named = sorted({*named, *tests})
+            judgement = judge(patch, repo, tests=named, **options)
+            checks = list(judgement.checks)
         if tests:
             say(f"related tests: {', '.join(tests)}")
             commands.append(
@@ -218,23 +364,29 @@ def gate(
             )
         else:
             checks.append(GateCheck(name="related tests", passed=True, detail="none found"))
-    say("workstation: copying the repository in")
-    spec = spec or DEFAULT_SPEC
-    with backend(spec.tier).create(spec, image=image, repo=repo) as ws:
-        say("applying the patch and running the tests")
-        checks += run_in(ws, patch, commands)
+    if judgement.applies:
+        say("workstation: copying the repository in")
+        with create_workstation(repo, spec or DEFAULT_SPEC, image) as ws:
+            say("applying the judged diff and running the tests")
+            checks += run_in(ws, judgement.tested_diff, commands, verify=True)
         for check in checks:
             if check.name == "related tests" and check.result is not None:
                 check.detail += f" ({', '.join(tests)})"
-        reviewed = ws.diff()
     reasons = [c.detail or f"{c.name} failed" for c in checks if not c.passed]
     return GateReport(
         disposition=BLOCKED if reasons else READY,
         reasons=reasons,
         checks=checks,
-        files=files,
-        reviewed_diff=reviewed,
+        files=judgement.files,
+        reviewed_diff=judgement.reviewed_diff,
     )
+
+
+def create_workstation(repo: Path, spec: SandboxSpec, image: str | None = None) -> Any:
+    """The workstation the gate tests in: a fresh copy of ``repo`` (a context manager)."""
+    from hybrid.workstation import backend
+
+    return backend(spec.tier).create(spec, image=image, repo=repo)
 
 
 def related_tests(repo: Path, files: Sequence[str]) -> list[str]:
@@ -262,10 +414,15 @@ def related_tests(repo: Path, files: Sequence[str]) -> list[str]:
 
 __all__ = [
     "BLOCKED",
+    "NOTHING",
     "READY",
     "GateCheck",
     "GateReport",
+    "Judgement",
+    "create_workstation",
     "gate",
+    "judge",
     "related_tests",
+    "run_in",
     "static_checks",
 ]

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hybrid.agent import evidence as ev
 from hybrid.agent.edits import MalformedAnswer, extract_code, to_diff
-from hybrid.agent.gate import BLOCKED, READY, GateCheck, GateReport, run_in, static_checks
+from hybrid.agent.gate import BLOCKED, READY, GateCheck, GateReport, judge, run_in
 from hybrid.agent.limits import (
     Breaker,
     LoopBudget,
@@ -69,6 +69,10 @@ class RepoTask(BaseModel):
     deny: list[str] = Field(default_factory=list, description="Extra denied globs.")
     allow_lockfiles: bool = False
     allow_dependencies: bool = False
+    tests_may_change: bool = Field(
+        False,
+        description="The patch may change the task's tests (not blocked); the task's still run.",
+    )
     context_tokens: int = Field(6000, ge=64)
 
 
@@ -374,9 +378,9 @@ def _function_steps(
 
 def _function_gate(code: str, result: ExecutionResult | None) -> GateReport:
     """A function task's gate: its tests passed and the module adds no secret."""
-    from hybrid.checks import redact
+    from hybrid.agent.secretscan import scan_text
 
-    scan = redact(code, max_bytes=8 * 1024 * 1024, label="candidate")
+    found = scan_text(code, "solution.py")
     checks = [
         GateCheck(
             name="test",
@@ -386,8 +390,8 @@ def _function_gate(code: str, result: ExecutionResult | None) -> GateReport:
         ),
         GateCheck(
             name="secrets",
-            passed=scan.ok and scan.redactions == 0,
-            detail=", ".join(f"{k} x{n}" for k, n in scan.counts.items()),
+            passed=not found,
+            detail=", ".join(f"{k} x{n}" for k, n in sorted(found.items())),
         ),
     ]
     reasons = [c.detail or c.name for c in checks if not c.passed]
@@ -481,38 +485,48 @@ def _close_all(workstations: list[Any]) -> None:
 
 
 def _repo_steps(task: RepoTask, forks_ahead: _Forks, say: Progress) -> Callable[..., int | None]:
+    from hybrid.agent.testfiles import named_tests
+    from hybrid.checks import scope
+
+    named = named_tests([c for c in (task.test, task.regression) if c], task.repo)
+
     def execute(candidates: list[Candidate], step: int) -> int | None:
-        runnable: list[Candidate] = []
+        runnable: list[tuple[Candidate, str]] = []
         for candidate in candidates:
             try:
                 candidate.code = to_diff(candidate.answer, task.repo)
-                checks, _ = static_checks(
-                    candidate.code,
-                    allow=task.allow,
-                    deny=task.deny,
-                    allow_lockfiles=task.allow_lockfiles,
-                    allow_dependencies=task.allow_dependencies,
-                )
+                scope(candidate.code)  # a diff that does not parse is a malformed answer
             except (MalformedAnswer, InvalidDiff) as exc:
                 candidate.problem = f"malformed answer: {exc.message}"
                 candidate.evidence = ev.wrap(candidate.problem, f"patch check, step {step}")
                 candidate.signature = fingerprint(candidate.problem)
                 continue
-            refused = [c.detail for c in checks if not c.passed]
+            # What git writes is judged on the host; the fork runs the task's tests on it.
+            judgement = judge(
+                candidate.code,
+                task.repo,
+                tests=named,
+                allow=task.allow,
+                deny=task.deny,
+                allow_lockfiles=task.allow_lockfiles,
+                allow_dependencies=task.allow_dependencies,
+                tests_may_change=task.tests_may_change,
+            )
+            refused = [c.detail for c in judgement.checks if not c.passed]
             if refused:
                 candidate.problem = "blocked before running: " + "; ".join(refused)
                 candidate.evidence = ev.wrap(candidate.problem, f"gate, step {step}")
                 candidate.signature = fingerprint(candidate.problem)
                 continue
-            runnable.append(candidate)
+            runnable.append((candidate, judgement.tested_diff))
         if not runnable:
             return None
         say(f"step {step}: forking {len(runnable)} workstation(s)")
         forks = forks_ahead.take(len(runnable))
         try:
-            for candidate, ws in zip(runnable, forks, strict=True):
+            for (candidate, tested), ws in zip(runnable, forks, strict=True):
                 start = time.perf_counter()
-                checks = run_in(ws, candidate.code or "", [("test", task.test)])
+                checks = run_in(ws, tested, [("test", task.test)])
                 candidate.sandbox_ms = (time.perf_counter() - start) * 1000
                 last = checks[-1]
                 candidate.result = last.result
@@ -612,6 +626,7 @@ def solve(
                         deny=task.deny,
                         allow_lockfiles=task.allow_lockfiles,
                         allow_dependencies=task.allow_dependencies,
+                        tests_may_change=task.tests_may_change,
                         spec=spec,
                     )
     except KeyboardInterrupt:

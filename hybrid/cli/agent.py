@@ -169,6 +169,11 @@ budget_opts = [
 @click.option("--deny", multiple=True, metavar="GLOB", help="Extra denied glob (repeatable).")
 @click.option("--allow-lockfiles", is_flag=True)
 @click.option("--allow-dependencies", is_flag=True)
+@click.option(
+    "--tests-may-change",
+    is_flag=True,
+    help="The patch may change the task's tests (not blocked); the task's own still run.",
+)
 @click.option("--context-tokens", type=int, default=6000, show_default=True)
 @click.option(
     "--bundle",
@@ -216,6 +221,7 @@ def solve_cmd(**o: Any) -> None:
             deny=list(o["deny"]),
             allow_lockfiles=o["allow_lockfiles"],
             allow_dependencies=o["allow_dependencies"],
+            tests_may_change=o["tests_may_change"],
             context_tokens=o["context_tokens"],
         )
     budget = _validated(
@@ -273,6 +279,11 @@ def solve_cmd(**o: Any) -> None:
 @click.option("--deny", multiple=True, metavar="GLOB", help="Extra denied glob (repeatable).")
 @click.option("--allow-lockfiles", is_flag=True)
 @click.option("--allow-dependencies", is_flag=True, help="Dependency changes were admitted.")
+@click.option(
+    "--tests-may-change",
+    is_flag=True,
+    help="The patch may change the task's tests (not blocked); the task's own still run.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No live progress.")
 @json_option
 def gate_cmd(
@@ -285,18 +296,22 @@ def gate_cmd(
     deny: tuple[str, ...],
     allow_lockfiles: bool,
     allow_dependencies: bool,
+    tests_may_change: bool,
     quiet: bool,
     as_json: bool,
 ) -> None:
     """Decide whether PATCH (a unified diff, - for stdin) is ready for human review.
 
-    Never merges or pushes. Exit 0 ready, 1 blocked (every reason listed).
+    Never merges or pushes. Exit 0 ready, 1 blocked (every reason listed; an empty patch is
+    blocked: it changes nothing). The tests that judge are the task's: the paths --test and
+    --regression name, and the test machinery, are restored before anything runs.
     """
     from hybrid.agent.gate import gate
     from hybrid.checks import scope
 
     text = sys.stdin.read() if str(patch) == "-" else _text(patch, "patch")
-    scope(text)  # a patch that does not parse is bad input (InvalidDiff), not a blocked gate
+    if text.strip():
+        scope(text)  # a patch that does not parse is bad input (InvalidDiff), not a blocked gate
     report = gate(
         text,
         repo,
@@ -307,6 +322,7 @@ def gate_cmd(
         deny=deny,
         allow_lockfiles=allow_lockfiles,
         allow_dependencies=allow_dependencies,
+        tests_may_change=tests_may_change,
         progress=_progress(quiet),
     )
 

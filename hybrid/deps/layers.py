@@ -29,6 +29,7 @@ from hybrid.deps import store
 from hybrid.deps.models import Artifact, Manifest, Target
 from hybrid.errors import DependencyError, WorkstationNotFound
 from hybrid.paths import cache_dir
+from hybrid.workstation import jobuser
 
 REPOSITORY = "hybrid-deps"
 KIND = "deps"
@@ -116,8 +117,9 @@ class Layer(BaseModel):
 
 
 def key_of(image_id: str, manifest: Manifest) -> str:
-    # The project's name is in the layer too (its placeholder metadata).
-    body = f"{_FORMAT}\0{image_id}\0{manifest.digest()}\0{manifest.project or ''}"
+    # The project's name is in the layer too (its placeholder metadata); so is the owner of
+    # /opt/hybrid, the jobs' uid (a layer made for other ids is not theirs to write).
+    body = f"{_FORMAT}\0{jobuser.USER}\0{image_id}\0{manifest.digest()}\0{manifest.project or ''}"
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -161,7 +163,7 @@ def target(image: str) -> Target:
             remove=True,
             network_disabled=True,
             network_mode="none",
-            user="1000:1000",
+            user=jobuser.USER,
             read_only=True,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
@@ -347,7 +349,7 @@ def _prefix_archive(node: bool) -> bytes:
         info = tarfile.TarInfo(PREFIX.lstrip("/"))
         info.type = tarfile.DIRTYPE
         info.mode = 0o755
-        info.uid = info.gid = 1000
+        info.uid, info.gid = jobuser.JOB_UID, jobuser.JOB_GID
         info.mtime = int(time.time())
         tar.addfile(info)
         if node:

@@ -257,7 +257,8 @@ class Toolbox:
         from hybrid.checks import scope
 
         where = self.scope.path(repo, "repo", "dir")
-        scope(patch)  # a patch that does not parse is bad input, not a blocked gate
+        if patch.strip():  # an empty patch is a verdict (blocked), not bad input
+            scope(patch)  # a patch that does not parse is bad input, not a blocked gate
         return gate(
             patch,
             where,

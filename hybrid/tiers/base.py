@@ -148,6 +148,22 @@ def run_in(ws: Workstation, job: Job, on_output: OutputCallback | None) -> Execu
     return ws.exec(job.command, on_output=on_output)
 
 
+def with_job_user(detail: str) -> Probe:
+    """A process tier's probe: ``detail`` and the host ids its jobs run as; unavailable when a
+    host account, group or subordinate range holds them (hybrid.workstation.jobuser)."""
+    from hybrid.workstation import jobuser
+
+    found = jobuser.holders()
+    if found:
+        return Probe(
+            False,
+            f"{detail}; jobs run as uid {jobuser.JOB_UID} gid {jobuser.JOB_GID}, but "
+            + "; ".join(found),
+            "set HYBRID_JOB_UID and HYBRID_JOB_GID to ids no host account has",
+        )
+    return Probe(True, f"{detail}; {jobuser.describe()}")
+
+
 def network_misfit(job: Job, has_network: bool, missing: str = "") -> str | None:
     """Why the job's network needs do not fit (``missing``: the answer of a tier without one)."""
     if not (job.needs_network or job.spec.network.mode == "egress"):

@@ -21,6 +21,7 @@ from hybrid.tiers.base import (
     host_memory,
     network_misfit,
     run_in,
+    with_job_user,
 )
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class BwrapTier:
             if failure:
                 return Probe(False, f"{detail}; {failure}", "check bwrap's message above")
             detail += "; a sandbox ran"
-        return Probe(True, detail)
+        return with_job_user(detail)
 
     def backend(self) -> BwrapBackend:
         from hybrid.workstation.bwrap import BwrapBackend

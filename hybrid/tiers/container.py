@@ -22,6 +22,7 @@ from hybrid.tiers.base import (
     network_misfit,
     run_in,
     shared,
+    with_job_user,
 )
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class ContainerTier:
             if failure:
                 return Probe(False, f"{detail}; {failure}", self._smoke_fix)
             detail += "; a hardened container ran"
-        return Probe(True, detail)
+        return with_job_user(detail)
 
     def run(
         self, job: Job, spec: SandboxSpec, on_output: OutputCallback | None = None
@@ -262,6 +263,8 @@ def _owner() -> str:
 
 def _smoke(made: Any, runtime: str, image: str) -> str:
     """Run `true` hardened under ``runtime`` with a hard timeout (runsc can hang on a bad platform)."""
+    from hybrid.workstation import jobuser
+
     outcome: dict[str, str] = {}
 
     def attempt() -> None:
@@ -271,6 +274,7 @@ def _smoke(made: Any, runtime: str, image: str) -> str:
                 image,
                 ["true"],
                 runtime=runtime,
+                user=jobuser.USER,
                 network_mode="none",
                 read_only=True,
                 cap_drop=["ALL"],

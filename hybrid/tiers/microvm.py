@@ -22,6 +22,7 @@ from hybrid.tiers.base import (
     host_disk,
     host_memory,
     run_in,
+    with_job_user,
 )
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class MicrovmTier:
                     f"rebuild: {BUILD} --force; see the VM's console.log",
                 )
             detail += "; a microVM ran"
-        return Probe(True, detail)
+        return with_job_user(detail)
 
     def backend(self) -> MicrovmBackend:
         from hybrid.workstation.microvm import MicrovmBackend

@@ -39,7 +39,7 @@ import wasmtime
 from hybrid import owner
 from hybrid.errors import InvalidInput, ModuleError, PolicyViolation
 from hybrid.paths import display, read_input
-from hybrid.policy import Mount, SandboxSpec, admit, check_input_path, human_size
+from hybrid.policy import Mount, SandboxSpec, admit, check_input_path, check_text, human_size
 from hybrid.results import ExecutionResult, Termination, finish_result
 from hybrid.wasm import engine as _engine
 from hybrid.wasm import poll
@@ -201,6 +201,9 @@ def run(
     if the module does not load; every other outcome is a typed ExecutionResult.
     """
     spec = spec or _DEFAULT_SPEC
+    # WASI hands the guest NUL-terminated arguments: a NUL would split one into two.
+    for i, arg in enumerate([program, *args]):
+        check_text(arg, f"module argument {i}", data=True)
     if spec is not _DEFAULT_SPEC:
         violations = admit(spec, "wasm")
         if violations:

@@ -10,6 +10,7 @@ it and raise a clear WorkstationError when a backend lacks it).
 from __future__ import annotations
 
 import builtins
+import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import NamedTuple, Protocol, Self, runtime_checkable
 from pydantic import BaseModel, Field
 
 from hybrid.errors import InvalidInput, WorkstationError
-from hybrid.policy import SandboxSpec
+from hybrid.policy import SandboxSpec, check_env, check_text
 from hybrid.results import ExecutionResult
 from hybrid.workstation.egress import EgressEvent
 
@@ -31,11 +32,50 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 
 def command_argv(cmd: str | Sequence[str]) -> list[str]:
-    """The argv of a workstation command: a string runs through ``/bin/sh -c``; empty is refused."""
+    """The argv of a workstation command: a string runs through ``/bin/sh -c``; empty is refused.
+
+    An element with a NUL byte is refused (InvalidInput): written into a NUL-separated argument
+    list (bwrap's ``--args``) the rest of it would become options of the sandbox itself.
+    """
     argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     if not argv:
         raise InvalidInput("empty command")
+    for i, arg in enumerate(argv):
+        check_text(arg, f"command argument {i}", data=True)
     return argv
+
+
+def exec_args(
+    cmd: str | Sequence[str], env: dict[str, str] | None, workdir: str | None
+) -> list[str]:
+    """command_argv() of ``cmd``, with exec's ``env`` and ``workdir`` checked the same way:
+    every backend's exec starts here, so no value reaches a sandbox's command line unchecked."""
+    argv = command_argv(cmd)
+    check_env(env, "exec env")
+    if workdir is not None:
+        check_text(workdir, "workdir")
+    return argv
+
+
+def check_path(path: str | os.PathLike[str], what: str) -> str:
+    """A file name given to put/get (a workspace path, or a host path): no NUL byte."""
+    return check_text(os.fspath(path), what, data=True)
+
+
+def check_image(image: str | None) -> str | None:
+    """An image name given to create(): no control character, and not an option (``-...``)."""
+    if image is not None:
+        check_text(image, "image")
+        if image.startswith("-"):
+            raise InvalidInput(f"image: {image!r} is not an image name")
+    return image
+
+
+def check_transfer(inside: str, host: Path | bytes | None) -> None:
+    """put/get's arguments: the workspace path and the host path (bytes: content, not a path)."""
+    check_path(inside, "workspace path")
+    if host is not None and not isinstance(host, bytes):
+        check_path(host, "host path")
 
 
 def check_name(name: str) -> str:

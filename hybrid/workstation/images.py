@@ -17,6 +17,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
+from hybrid.workstation.jobuser import JOB_GID, JOB_UID
 
 BASE_IMAGE = os.environ.get("HYBRID_BASE_IMAGE", "hybrid/base:bookworm")
 # What a workstation needs to build and test a Python project: the interpreter, venv + pip for
@@ -54,7 +55,8 @@ def profile_tag(profile: str, suite: str | None = None) -> str:
     return base if profile == "python" else f"{base}-{profile}"
 
 
-AGENT_UID = 1000
+AGENT_UID, AGENT_GID = JOB_UID, JOB_GID
+"""The image's ``agent`` user: the ids every job runs as (jobuser.py), no host account's."""
 _SOURCES_DIRS = (Path("/etc/apt/sources.list.d"), Path("/etc/apt"))
 _DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 
@@ -225,7 +227,7 @@ def bootstrap(
                 changes=[
                     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                     "ENV LANG=C.UTF-8",
-                    f"USER {AGENT_UID}:{AGENT_UID}",
+                    f"USER {AGENT_UID}:{AGENT_GID}",
                     "WORKDIR /workspace",
                     'CMD ["sleep", "infinity"]',
                     f"LABEL {_docker.LABEL_MANAGED}=1 {_docker.LABEL_KIND}=base",
@@ -294,12 +296,12 @@ def _apt_install(rootfs: Path, packages: list[str], progress: Callable[[str], No
 def _prepare_rootfs(rootfs: Path) -> None:
     # The non-root user every workstation runs as, and its workspace owned by it.
     with (rootfs / "etc/passwd").open("a") as f:
-        f.write(f"agent:x:{AGENT_UID}:{AGENT_UID}:hybrid agent:/tmp:/bin/bash\n")
+        f.write(f"agent:x:{AGENT_UID}:{AGENT_GID}:hybrid agent:/tmp:/bin/bash\n")
     with (rootfs / "etc/group").open("a") as f:
-        f.write(f"agent:x:{AGENT_UID}:\n")
+        f.write(f"agent:x:{AGENT_GID}:\n")
     workspace = rootfs / "workspace"
     workspace.mkdir(exist_ok=True)
-    os.chown(workspace, AGENT_UID, AGENT_UID)
+    os.chown(workspace, AGENT_UID, AGENT_GID)
     for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for item in (rootfs / junk).glob("*"):
             if item.is_file():

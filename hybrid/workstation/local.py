@@ -43,7 +43,8 @@ from hybrid.workstation.base import (
     GcReport,
     OutputCallback,
     WorkstationInfo,
-    command_argv,
+    check_transfer,
+    exec_args,
 )
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.egress import EgressEvent
@@ -85,7 +86,7 @@ class LocalWorkstation:
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv) in the workspace; the deadline kills its group."""
-        argv = command_argv(cmd)
+        argv = exec_args(cmd, env, workdir)
         self._live()
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         cwd = self._host(workdir or self.spec.workspace)
@@ -188,6 +189,7 @@ class LocalWorkstation:
 
     def put(self, source: Path | bytes, dest: str) -> None:
         """Copy a host file or directory (or bytes, as a file) to ``dest`` in the workspace."""
+        check_transfer(dest, source)
         self._live()
         target = self._host(dest)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +204,7 @@ class LocalWorkstation:
 
     def get(self, path: str, dest: Path | None = None) -> bytes | None:
         """A file's bytes, or with ``dest`` copy a file or directory into that host directory."""
+        check_transfer(path, dest)
         self._live()
         found = self._host(path)
         if not found.exists():

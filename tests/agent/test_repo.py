@@ -60,18 +60,20 @@ def test_the_real_fix_is_ready_for_review(repo: Path) -> None:
         "scope",
         "secrets",
         "dependencies",
+        "tests",
         "apply",
+        "tree",
         "test",
         "regression",
         "related tests",
     ]
     assert report.checks[-1].detail == "passed (tests/test_filesize.py)"
-    assert "step up one suffix" in report.reviewed_diff  # computed on the host after apply
+    assert "step up one suffix" in report.reviewed_diff  # git's result, judged on the host
 
 
 def test_an_empty_or_wrong_patch_is_blocked_with_the_failing_tests(repo: Path) -> None:
     empty = gate("", repo, test=TEST, spec=SPEC)
-    assert empty.disposition == "blocked" and "empty diff" in empty.reasons[0]
+    assert empty.disposition == "blocked" and empty.reasons == ["the patch changes nothing"]
     wrong = FIX.replace("if exp < len(suffix) and", "if False and")
     report = gate(wrong, repo, test=TEST, regression=REGRESSION, spec=SPEC)
     assert report.disposition == "blocked"

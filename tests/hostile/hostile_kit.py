@@ -660,6 +660,7 @@ def jobs_of(pid: int) -> dict[str, str]:
     after the deadline; what must not outlive the deadline is the job, which the watchdog inside
     the exec kills without any client. (``docker top`` cannot tell: under gVisor it lists host
     threads, not the sandbox's processes.)"""
+    from hybrid.workstation import jobuser
     from hybrid.workstation.docker import client
 
     api = client().api
@@ -673,7 +674,7 @@ def jobs_of(pid: int) -> dict[str, str]:
         if state != "running":
             continue
         with contextlib.suppress(Exception):  # it may end between the listing and here
-            exec_id = api.exec_create(name, ["sh", "-c", probe], user="1000:1000")["Id"]
+            exec_id = api.exec_create(name, ["sh", "-c", probe], user=jobuser.USER)["Id"]
             if api.exec_start(exec_id).decode().strip() == "alive":
                 found[name] = "alive"
     return found

@@ -428,6 +428,11 @@ def test_gate_and_snapshot(engine: Any, http_server: tuple[str, Any]) -> None:
                 )
             )
             assert blocked["disposition"] == "blocked"
+            # An empty patch is a verdict, as on the command line, not bad input.
+            empty = body(
+                await client.call_tool("gate_patch", {"patch": "", "repo": ".", "test": test})
+            )
+            assert empty["disposition"] == "blocked", empty
             outside = error(
                 await client.call_tool("gate_patch", {"patch": patch, "repo": "/", "test": "true"})
             )

@@ -15,6 +15,7 @@ import pytest
 
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import Termination
+from hybrid.workstation.jobuser import JOB_GID, JOB_UID
 
 pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +95,7 @@ def test_namespaces_user_and_environment(bwrap_backend, monkeypatch: pytest.Monk
 
         result = ws.exec(script, on_output=lambda kind, chunk: watch())
         lines = result.stdout.split("\n")
-        assert lines[0] == "sandbox" and lines[1:3] == ["1000", "1000"], lines
+        assert lines[0] == "sandbox" and lines[1:3] == [str(JOB_UID), str(JOB_GID)], lines
         assert lines[3].startswith("bwrap"), lines  # pid 1 is the sandbox's own init
         assert [n.strip() for n in lines[4:5]] == ["lo"], lines
         assert f"TOKEN_X={secret}" in result.stdout

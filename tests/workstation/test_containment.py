@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hybrid.results import Termination
+from hybrid.workstation.jobuser import JOB_UID
 
 pytestmark = pytest.mark.engine
 
@@ -122,7 +123,7 @@ def test_writing_the_read_only_root_fails(ws):
     assert ws.exec("echo ok > /workspace/probe && echo ok > /tmp/probe").ok
     status = ws.exec(["cat", "/proc/self/status"]).stdout
     assert "CapEff:\t0000000000000000" in status
-    assert ws.exec("id -u").stdout.strip() == "1000"
+    assert ws.exec("id -u").stdout.strip() == str(JOB_UID)
 
 
 def test_no_host_secret_is_visible(engine, tier, make_spec, monkeypatch):

@@ -16,6 +16,7 @@ from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, Works
 from hybrid.policy import Environment, NetworkPolicy, SandboxSpec
 from hybrid.results import Termination
 from hybrid.workstation import Workstation
+from hybrid.workstation.jobuser import JOB_UID
 
 pytestmark = pytest.mark.engine
 
@@ -149,7 +150,7 @@ def test_shell_attaches_to_a_running_workstation(engine):
             "cat note.txt; id -u; pwd\n", "ws", "shell", ws.name, "--shell", "/bin/sh"
         )
         assert attached.returncode == 0, attached.stderr
-        assert attached.stdout.splitlines() == ["state kept", "1000", "/workspace"]
+        assert attached.stdout.splitlines() == ["state kept", str(JOB_UID), "/workspace"]
         described = _hybrid("ws", "shell", ws.name, "--json")
         assert described.returncode == 0, described.stderr
         argv = json.loads(described.stdout)["argv"]
@@ -186,7 +187,7 @@ def test_any_image_and_workspace_path(engine, tmp_path):
         spec = SandboxSpec(tier="docker", workspace="/srv/job")
         with engine.create(spec, image=tag, repo=tmp_path) as ws:
             result = ws.exec("pwd; id -u; cat src.txt; echo new > made.txt")
-            assert result.stdout == "/srv/job\n1000\nfrom the host\n", result
+            assert result.stdout == f"/srv/job\n{JOB_UID}\nfrom the host\n", result
             assert "+new" in ws.diff()
     finally:
         api.remove_image(tag, force=True)

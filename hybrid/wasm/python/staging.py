@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from hybrid import owner
 from hybrid.errors import InvalidInput
 from hybrid.paths import read_input
+from hybrid.policy import check_text
 
 MAX_INPUT_BYTES = 64 * 1024**2
 """The most input-file bytes one run may bring (they are copied into a staged directory)."""
@@ -119,6 +120,7 @@ def _read_inputs(files: InputFiles) -> list[tuple[str, bytes]]:
     items: list[tuple[str, bytes]] = []
     total = 0
     for name, content in pairs:
+        check_text(name, "input file name")
         rel = PurePosixPath(name)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts == (".",):
             raise InvalidInput(f"input file name {name!r} must be a relative path without '..'")
@@ -131,6 +133,7 @@ def _read_inputs(files: InputFiles) -> list[tuple[str, bytes]]:
                 "files={'data.csv': path}"
             ) from None
         if isinstance(content, Path):
+            check_text(str(content), "input file", data=True)
             data = read_input(content, "input file")
         else:
             data = content.encode() if isinstance(content, str) else bytes(content)

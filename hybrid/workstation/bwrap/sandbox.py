@@ -25,14 +25,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybrid.errors import EngineUnavailable, WorkstationError
+from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
+from hybrid.workstation import jobuser
 from hybrid.workstation.bwrap import seccomp
 from hybrid.workstation.bwrap.cgroups import Group
 from hybrid.workstation.bwrap.rootfs import Root
 
-SANDBOX_UID = SANDBOX_GID = 1000
-"""Who commands run as, inside and (when the caller is root) on the host: the base image's
-``agent`` user, the same id the docker tier runs as."""
+SANDBOX_UID, SANDBOX_GID = jobuser.JOB_UID, jobuser.JOB_GID
+"""Who commands run as, inside and (when the caller is root) on the host: ids no host account
+has (hybrid.workstation.jobuser), the base image's ``agent`` user, as on the docker tier."""
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TMP_CAP = 1024**3
@@ -101,6 +102,13 @@ def launch(
     fds: list[int] = []
     try:
         args = bwrap_args(plan)
+        # The options go NUL-separated through a memfd: a NUL inside one would end it there and
+        # make the rest more options (--share-net, --bind / ...). Callers check their values
+        # (policy validators, exec_args); this is the last line, where the bytes are written.
+        for what, values in (("sandbox option", args), ("command argument", argv)):
+            bad = next((value for value in values if "\0" in value), None)
+            if bad is not None:
+                raise InvalidInput(f"{what} {bad!r}: must not contain a NUL byte")
         filter_fd = _memfd("hybrid-seccomp", seccomp.program())
         fds.append(filter_fd)
         args += ["--seccomp", str(filter_fd), "--json-status-fd", str(status)]

@@ -2,10 +2,13 @@
 
 A deny list, like Docker's default profile in spirit: what compilers, interpreters and test
 runners use stays allowed; what reaches into other processes, the kernel or the mount table
-fails with EPERM. A syscall of a foreign ABI (i386 or x32 on x86_64) kills the process: its
-numbers differ, so a deny list written for the native ABI would not hold there. ``clone`` with a
-namespace flag fails with EPERM and ``clone3`` with ENOSYS (its flags live in memory a filter
-cannot read; libc falls back to ``clone``).
+fails with EPERM. So do ``personality`` with a persona Docker's profile does not allow
+(READ_IMPLIES_EXEC makes every readable mapping executable, ADDR_NO_RANDOMIZE ends ASLR) and
+``socket(AF_VSOCK)`` (vsock is not network-namespaced: it reaches the host or its hypervisor). A
+syscall of a foreign ABI (i386 or x32 on x86_64) kills the process: its numbers differ, so a deny
+list written for the native ABI would not hold there. ``clone`` with a namespace flag fails with
+EPERM and ``clone3`` with ENOSYS (its flags live in memory a filter cannot read; libc falls back
+to ``clone``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ _ALLOW = 0x7FFF0000
 _KILL_PROCESS = 0x80000000
 _ERRNO = 0x00050000
 _NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low word: little endian)
+_AF_VSOCK = 40
+# personality(2) values allowed, as in Docker's default profile: PER_LINUX, PER_LINUX32, UNAME26,
+# UNAME26|PER_LINUX32 and the query 0xffffffff. READ_IMPLIES_EXEC (0x0400000: every readable
+# mapping executable) and ADDR_NO_RANDOMIZE (0x0040000: no ASLR) fail with EPERM.
+_PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 
 _NAMESPACE_FLAGS = (
     0x00000080  # CLONE_NEWTIME
@@ -73,7 +81,7 @@ _X86_64 = {
     "open_by_handle_at": 304, "name_to_handle_at": 303, "io_uring_setup": 425,
     "io_uring_enter": 426, "io_uring_register": 427, "iopl": 172, "ioperm": 173,
     "modify_ldt": 154, "keyctl": 250, "add_key": 248, "request_key": 249,
-    "clone": 56, "clone3": 435,
+    "clone": 56, "clone3": 435, "personality": 135, "socket": 41,
 }  # fmt: skip
 _AARCH64 = {
     "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
@@ -87,7 +95,7 @@ _AARCH64 = {
     "setdomainname": 162, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
     "open_by_handle_at": 265, "name_to_handle_at": 264, "io_uring_setup": 425,
     "io_uring_enter": 426, "io_uring_register": 427, "keyctl": 219, "add_key": 217,
-    "request_key": 218, "clone": 220, "clone3": 435,
+    "request_key": 218, "clone": 220, "clone3": 435, "personality": 92, "socket": 198,
 }  # fmt: skip
 # machine -> (AUDIT_ARCH_*, table, the x32 bit that must not be set, or 0)
 _ARCHES = {
@@ -111,40 +119,54 @@ def program() -> bytes:
         )
     audit_arch, table, x32 = _ARCHES[machine]
     denied = sorted({table[name] for name in DENIED if name in table})
-    # Layout: arch check, [x32 check], one jeq per denied number, clone/clone3, allow, then the
-    # shared returns. Jumps are forward offsets counted from the next instruction.
-    body: list[tuple[int, int, int, int]] = []
-    body.append((_LD_W_ABS, 0, 0, _ARCH))
-    body.append((_JEQ_K, 1, 0, audit_arch))
-    body.append((_RET_K, 0, 0, _KILL_PROCESS))
-    body.append((_LD_W_ABS, 0, 0, _NR))
-    checks: list[tuple[int, int, str]] = []  # (opcode, k, target) resolved below
-    if x32:
-        checks.append((_JGE_K, x32, "kill"))
-    checks += [(_JEQ_K, nr, "eperm") for nr in denied]
-    checks.append((_JEQ_K, table["clone3"], "enosys"))
-    checks.append((_JEQ_K, table["clone"], "clone"))
-    # After the checks: allow; clone: load flags, jset -> eperm, else allow; then the returns.
-    first_check = len(body)
-    after = first_check + len(checks)
-    labels = {"allow": after, "clone": after + 1}
-    tail = [
-        (_RET_K, 0, 0, _ALLOW),  # allow
-        (_LD_W_ABS, 0, 0, _ARG0),  # clone: its flags
-        (_JSET_K, 0, 0, _NAMESPACE_FLAGS),  # patched: true -> eperm, false -> allow
-        (_RET_K, 0, 0, _ALLOW),
-        (_RET_K, 0, 0, _ERRNO | errno.EPERM),  # eperm
-        (_RET_K, 0, 0, _ERRNO | errno.ENOSYS),  # enosys
-        (_RET_K, 0, 0, _KILL_PROCESS),  # kill
+    # Instructions with symbolic jump targets (labels), resolved to forward offsets at the end.
+    code: list[tuple[int, int | str, int | str, int]] = [
+        (_LD_W_ABS, 0, 0, _ARCH),
+        (_JEQ_K, 0, "kill", audit_arch),
+        (_LD_W_ABS, 0, 0, _NR),
     ]
-    labels.update({"eperm": after + 4, "enosys": after + 5, "kill": after + 6})
-    for i, (op, k, target) in enumerate(checks):
-        at = first_check + i
+    if x32:
+        code.append((_JGE_K, "kill", 0, x32))
+    code += [(_JEQ_K, "eperm", 0, nr) for nr in denied]
+    code += [
+        (_JEQ_K, "enosys", 0, table["clone3"]),
+        (_JEQ_K, "clone", 0, table["clone"]),
+        (_JEQ_K, "personality", 0, table["personality"]),
+        (_JEQ_K, "socket", 0, table["socket"]),
+    ]
+    labels: dict[str, int] = {}
+
+    def label(name: str) -> None:
+        labels[name] = len(code)
+
+    code.append((_RET_K, 0, 0, _ALLOW))  # no check matched
+    # Classic BPF jumps forward only: each argument check below ends in "pass" or "eperm".
+    label("clone")  # a namespace flag in its flags: EPERM
+    code += [(_LD_W_ABS, 0, 0, _ARG0), (_JSET_K, "eperm", "pass", _NAMESPACE_FLAGS)]
+    label("personality")  # only the personas Docker's default profile allows (and the query)
+    code.append((_LD_W_ABS, 0, 0, _ARG0))
+    code += [(_JEQ_K, "pass", 0, persona) for persona in _PERSONAS]
+    code.append((_JEQ_K, "eperm", "eperm", 0))
+    label("socket")  # vsock reaches the host (or a VM) past every network namespace
+    code += [(_LD_W_ABS, 0, 0, _ARG0), (_JEQ_K, "eperm", "pass", _AF_VSOCK)]
+    label("pass")
+    code.append((_RET_K, 0, 0, _ALLOW))
+    label("eperm")
+    code.append((_RET_K, 0, 0, _ERRNO | errno.EPERM))
+    label("enosys")
+    code.append((_RET_K, 0, 0, _ERRNO | errno.ENOSYS))
+    label("kill")
+    code.append((_RET_K, 0, 0, _KILL_PROCESS))
+
+    def offset(at: int, target: int | str) -> int:
+        if isinstance(target, int):
+            return target
         jump = labels[target] - (at + 1)
-        if jump > 255:
+        if not 0 <= jump <= 255:
             raise AssertionError("seccomp filter too long for a short jump")
-        body.append((op, jump, 0, k))
-    jset_at = after + 2
-    tail[2] = (_JSET_K, labels["eperm"] - (jset_at + 1), 0, _NAMESPACE_FLAGS)
-    body += tail
-    return b"".join(struct.pack("=HBBI", *ins) for ins in body)
+        return jump
+
+    return b"".join(
+        struct.pack("=HBBI", op, offset(at, jt), offset(at, jf), k)
+        for at, (op, jt, jf, k) in enumerate(code)
+    )

@@ -30,14 +30,16 @@ from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError, Works
 from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
-from hybrid.workstation import archive, disk, homes, state
+from hybrid.workstation import archive, disk, homes, jobuser, state
 from hybrid.workstation.base import (
     AttachCommand,
     GcReport,
     OutputCallback,
     WorkstationInfo,
+    check_image,
     check_name,
-    command_argv,
+    check_transfer,
+    exec_args,
 )
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.bwrap import cgroups, rootfs, sandbox, workspace
@@ -87,7 +89,8 @@ class BwrapWorkstation:
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv); the deadline kills its whole pid namespace."""
-        argv = command_argv(cmd)
+        argv = exec_args(cmd, env, workdir)
+        jobuser.check()  # a host account made since create() would share the jobs' uid
         self._live()
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         cwd = str(
@@ -180,6 +183,7 @@ class BwrapWorkstation:
 
     def put(self, source: Path | bytes, dest: str) -> None:
         """Copy a host file or directory (or bytes, as a file) to ``dest`` in the workspace."""
+        check_transfer(dest, source)
         self._live()
         rel = workspace.relative(self.spec.workspace, dest)
         if not rel.parts:
@@ -197,6 +201,7 @@ class BwrapWorkstation:
 
     def get(self, path: str, dest: Path | None = None) -> bytes | None:
         """A file's bytes, or with ``dest`` copy a file or directory into that host directory."""
+        check_transfer(path, dest)
         self._live()
         rel = workspace.relative(self.spec.workspace, path)
         parts = rel.parts or ()
@@ -354,6 +359,8 @@ class BwrapBackend:
         ``image``: the toolchain root (default the base image, exported once; ``host`` for the
         host's own /usr). ``lifetime`` needs nothing here: every process dies with its client.
         """
+        check_image(image)
+        jobuser.check()
         spec = (spec or SandboxSpec(tier=TIER)).model_copy(update={"tier": TIER})
         violations = admit(spec, TIER)
         if violations:

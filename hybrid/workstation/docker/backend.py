@@ -19,8 +19,8 @@ from hybrid.errors import PolicyViolation, WorkstationError, WorkstationNotFound
 from hybrid.policy import SandboxSpec, admit, check_input_path, for_workstation
 from hybrid.shield import shielded
 from hybrid.tiers.container import tier_of
-from hybrid.workstation import disk, state
-from hybrid.workstation.base import GcReport, check_name
+from hybrid.workstation import disk, jobuser, state
+from hybrid.workstation.base import GcReport, check_image, check_name
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.docker import services
 from hybrid.workstation.docker.egress import _EGRESS_LOG_SIZE, _EGRESS_USER
@@ -47,6 +47,7 @@ from hybrid.workstation.docker.labels import (
     _host_pids,
     _info,
     _owner,
+    _owner_ids,
     _snapshot_info,
     owner_alive,
     runtime_for,
@@ -90,6 +91,9 @@ class DockerBackend:
         """
         from hybrid.workstation.images import BASE_IMAGE
 
+        check_image(image)
+        jobuser.check()
+        jobuser.refuse_host_ids(*_owner_ids(self.user), "a workstation of this backend")
         spec = spec or for_workstation(SandboxSpec(tier="docker"))
         runtime = runtime_for(spec)
         tier = tier_of(runtime)
@@ -177,9 +181,12 @@ class DockerBackend:
                     # services without a workstation, which gc removes even when persistent.
                     services.create_all(labels, spec, labels[LABEL_NETWORK], service_images or {})
                     services.wait_ready(name, spec)
+                # An image of ours already holds a /workspace of its user; one built for other
+                # ids (before jobs had their own) has it handed over like any other image's.
                 if (
                     image_labels.get(LABEL_KIND) not in ("base", "snapshot", "deps")
                     or spec.workspace != "/workspace"
+                    or image_attrs.get("Config", {}).get("User") != self.user
                 ):
                     self._own_workspace(image, volume, spec)
                 host_config = self._host_config(spec, runtime, volume, labels[LABEL_NETWORK])
@@ -399,7 +406,8 @@ class DockerBackend:
 
     def _own_workspace(self, image: str, volume: str, spec: SandboxSpec) -> None:
         # An empty volume takes the owner of whatever sits at its path in the image (root, or a
-        # directory the engine makes). Let a one-off container holding CAP_CHOWN and nothing else
+        # directory the engine makes). Let a one-off container holding CAP_CHOWN (and
+        # CAP_DAC_OVERRIDE) and nothing else
         # take that first mount (so any image content is copied up), hand it all to the user and
         # leave it non-empty, so the workstation's own mount copies nothing over it.
         api = client().api
@@ -414,7 +422,9 @@ class DockerBackend:
                 network_mode="none",
                 read_only=True,
                 cap_drop=["ALL"],
-                cap_add=["CHOWN"],
+                # DAC_OVERRIDE: the image's /workspace may belong to another user already (one
+                # built for other ids), and root without it cannot write there.
+                cap_add=["CHOWN", "DAC_OVERRIDE"],
                 security_opt=["no-new-privileges"],
                 mounts=[_workspace_mount(spec.workspace, volume)],
             ),

@@ -11,6 +11,7 @@ from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
 from hybrid.owner import mark_alive
 from hybrid.owner import start_time as _start_time
 from hybrid.tiers.container import runtime_of, tier_of
+from hybrid.workstation import jobuser
 from hybrid.workstation.base import ServiceInfo, SnapshotInfo, WorkstationInfo
 from hybrid.workstation.docker.egress import egress_log
 
@@ -39,7 +40,8 @@ LABEL_DISK = "hybrid.disk"
 LABEL_SERVICE = "hybrid.service"
 LABEL_SERVICES = "hybrid.services"
 SNAPSHOT_REPOSITORY = "hybrid-snapshot"
-DEFAULT_USER = "1000:1000"
+DEFAULT_USER = jobuser.USER
+"""Who a workstation's commands run as: ids no host account has (hybrid.workstation.jobuser)."""
 # A dependency layer's venv and node tools come first (hybrid.deps.layers); absent elsewhere.
 BASE_PATH = "/opt/hybrid/venv/bin:/opt/hybrid/node/node_modules/.bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _RUNSC_PIDS_BASE = 64

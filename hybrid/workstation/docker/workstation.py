@@ -22,8 +22,14 @@ from hybrid.errors import EngineUnavailable, InvalidInput, PolicyViolation, Work
 from hybrid.policy import SandboxSpec
 from hybrid.results import ExecutionResult, Termination, Usage
 from hybrid.tiers.container import tier_of
-from hybrid.workstation import archive, cgroup, disk, state
-from hybrid.workstation.base import AttachCommand, check_name, command_argv
+from hybrid.workstation import archive, cgroup, disk, jobuser, state
+from hybrid.workstation.base import (
+    AttachCommand,
+    check_name,
+    check_transfer,
+    command_argv,
+    exec_args,
+)
 from hybrid.workstation.baseline import Baseline
 from hybrid.workstation.docker import backstop, services
 from hybrid.workstation.docker.egress import egress_log
@@ -121,7 +127,8 @@ class DockerWorkstation:
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` (a shell string or an argv); the deadline kills every process inside."""
-        argv = command_argv(cmd)
+        argv = exec_args(cmd, env, workdir)
+        jobuser.refuse_host_ids(*_owner_ids(self.user), f"workstation {self.name}")
         deadline = timeout if timeout is not None else self.spec.budget.wall_seconds
         if workdir is not None and not workdir.startswith("/"):
             workdir = f"{self.spec.workspace}/{workdir}"
@@ -439,6 +446,7 @@ class DockerWorkstation:
         Host symlinks travel as symlinks (never followed); a symlink the sandbox planted on
         the way to ``dest`` is replaced by a directory, never written through.
         """
+        check_transfer(dest, source)
         rel = self._relative(dest)
         later: list[archive.HostEntry] = []
         with tempfile.TemporaryFile() as tmp:
@@ -503,6 +511,7 @@ class DockerWorkstation:
 
         Nothing is written when a member is absolute or a symlink leads outside ``dest``.
         """
+        check_transfer(path, dest)
         inside = path if path.startswith("/") else f"{self.spec.workspace}/{path}"
         with translate(f"copy out of {self.name}"):
             chunks, _stat = client().api.get_archive(self.id, inside)
@@ -662,6 +671,8 @@ class DockerWorkstation:
             raise EngineUnavailable(
                 "the docker command-line client is needed to attach (apt-get install docker.io)"
             )
+        program = command_argv([program])[0]
+        jobuser.refuse_host_ids(*_owner_ids(self.user), f"workstation {self.name}")
         environment = self._environment(None)
         self._ensure_running()
         argv = [docker_cli, "exec", "-it" if tty else "-i", "-u", self.user]

@@ -3,7 +3,7 @@
 The workspace is a size-capped ext4 image loop-mounted on the host (``hybrid.workstation.disk``)
 and shared into the guest over 9p, so ``put``/``get``/``diff`` work on host files as the local
 backend does (with symlinks the guest planted refused), while commands run only inside the VM,
-through the guest agent (``guest/agent.c``), as uid 1000 without capabilities. Read-only
+through the guest agent (``guest/agent.c``), as ``GUEST_UID`` without capabilities. Read-only
 mounts from the spec are further 9p shares. Nothing else of the host is in the guest: its root
 is the base image, read-only; it has no network device.
 
@@ -36,20 +36,23 @@ from hybrid.errors import InvalidInput, PolicyViolation, WorkstationError
 from hybrid.paths import state_dir
 from hybrid.policy import SandboxSpec, admit
 from hybrid.results import ExecutionResult, Termination, Usage
-from hybrid.workstation import archive, disk, homes
+from hybrid.workstation import archive, disk, homes, jobuser
 from hybrid.workstation.base import (
     AttachCommand,
     GcReport,
     OutputCallback,
     WorkstationInfo,
-    command_argv,
+    check_transfer,
+    exec_args,
 )
 from hybrid.workstation.local import LocalWorkstation
 from hybrid.workstation.microvm import build, vm
 
 TIER = "microvm"
-GUEST_UID = 1000
-"""The unprivileged user every command runs as inside the guest (owner of the workspace)."""
+GUEST_UID, GUEST_GID = jobuser.JOB_UID, jobuser.JOB_GID
+"""The unprivileged user every command runs as inside the guest, and the owner of the workspace on
+the host: ids no host account has (hybrid.workstation.jobuser), so no host process of an account
+can write into a running VM's workspace through its own permissions."""
 GUEST_OVERHEAD = 192 * 1024**2
 """Guest RAM beyond the job's memory budget: kernel, agent, page cache."""
 HOST_GRACE = 15.0
@@ -89,7 +92,8 @@ class MicrovmWorkstation(LocalWorkstation):
         on_output: OutputCallback | None = None,
     ) -> ExecutionResult:
         """Run ``cmd`` in the guest; the deadline kills its whole cgroup there."""
-        argv = command_argv(cmd)
+        argv = exec_args(cmd, env, workdir)
+        jobuser.check()  # a host account made since create() would own the shared workspace
         self._live()
         refused = sorted(set(env or {}) - set(self.spec.env.allow))
         if refused:
@@ -126,9 +130,16 @@ class MicrovmWorkstation(LocalWorkstation):
         try:
             for message in stream:
                 if "stream" in message:
-                    output.add(message["stream"], message["data"])
+                    output.add(message["stream"], message.get("data"))
                 if message.get("end"):
-                    end = message
+                    end = vm.check_end(message)
+            if machine.failure:
+                raise vm.GuestFailure(f"{machine.failure}; the microVM is no longer trusted")
+        except vm.GuestFailure:
+            # A guest that broke the protocol is not asked for anything more: the VM is ended.
+            stream.close()
+            self._kill_machine()
+            raise
         except BaseException:
             # Interrupted or a raising on_output: stop the job in the guest, then re-raise.
             stream.close()
@@ -191,6 +202,7 @@ class MicrovmWorkstation(LocalWorkstation):
 
     def put(self, source: Path | bytes, dest: str) -> None:
         """Copy a host file or directory (or bytes) into the workspace, owned by the guest user."""
+        check_transfer(dest, source)
         target = self._host(dest)
         if target.is_symlink():
             target.unlink()  # a link the guest planted is replaced, never written through
@@ -205,7 +217,7 @@ class MicrovmWorkstation(LocalWorkstation):
         if not Path(repo).is_dir():
             raise InvalidInput(f"{repo}: not a directory")
         recorder = self._baseline().recorder()
-        owner = (GUEST_UID, GUEST_UID)
+        owner = (GUEST_UID, GUEST_GID)
         with tempfile.TemporaryFile() as buffer:
             with tarfile.open(fileobj=buffer, mode="w") as tar:
                 entries = archive.walk(Path(repo), archive.repo_selection(Path(repo)))
@@ -300,12 +312,12 @@ class MicrovmWorkstation(LocalWorkstation):
 def _own(path: Path) -> None:
     """Hand a host-side copy to the guest user (9p passes ownership through)."""
     with contextlib.suppress(FileNotFoundError):
-        os.lchown(path, GUEST_UID, GUEST_UID)
+        os.lchown(path, GUEST_UID, GUEST_GID)
         if path.is_dir() and not path.is_symlink():
             for parent, dirs, files in os.walk(path):
                 for name in dirs + files:
                     with contextlib.suppress(FileNotFoundError):
-                        os.lchown(os.path.join(parent, name), GUEST_UID, GUEST_UID)
+                        os.lchown(os.path.join(parent, name), GUEST_UID, GUEST_GID)
 
 
 def _pid_of(home: Path) -> int | None:
@@ -350,6 +362,7 @@ class MicrovmBackend:
         lifetime: float | None = None,
     ) -> MicrovmWorkstation:
         """A new microVM workstation with ``repo`` copied in (``image``: the base image only)."""
+        jobuser.check()
         spec = (spec or SandboxSpec()).model_copy(update={"tier": TIER})
         violations = admit(spec, TIER)
         if violations:
@@ -370,7 +383,7 @@ class MicrovmBackend:
             mount = disk.create(
                 f"microvm-{name}", spec.budget.disk_for(TIER), owner.mark(), owner.mark_alive
             )
-            os.chown(mount, GUEST_UID, GUEST_UID)
+            os.chown(mount, GUEST_UID, GUEST_GID)
             meta = {
                 "name": name,
                 "id": f"microvm-{secrets.token_hex(8)}",

@@ -18,6 +18,8 @@ import hashlib
 import json
 import os
 import queue
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -30,13 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybrid.errors import EngineUnavailable, WorkstationError
+from hybrid.errors import EngineUnavailable, InvalidInput, WorkstationError
+from hybrid.workstation import jobuser
 from hybrid.workstation.microvm.build import Artifacts, cache
 
 QEMU = "qemu-system-x86_64"
+MAX_LINE = 1024**2
+"""The longest message the guest agent may send (its output chunks are 64 KiB, ~88 KiB as JSON):
+a longer line is a guest failure, not a buffer that grows until the host runs out of memory."""
 BOOT_SECONDS = float(os.environ.get("HYBRID_MICROVM_BOOT_SECONDS", "120"))
 """How long a boot (or restore) may take to a ready agent before it counts as failed."""
 _PR_SET_PDEATHSIG = 1
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 MACHINE = "microvm,x-option-roms=off,rtc=on,pic=off,pit=off,isa-serial=on"
@@ -128,10 +135,31 @@ def kernel_command_line() -> str:
     return " ".join(words)
 
 
+def qemu_path(path: Path | str) -> str:
+    """A path as a QEMU option value (``-drive file=...,``): a comma doubled, as QEMU reads it,
+    so no path can end the value and add options of its own; control characters refused."""
+    text = os.fspath(path)
+    if _CONTROL.search(text):
+        raise InvalidInput(f"{text!r}: a path QEMU is given must not contain control characters")
+    return text.replace(",", ",,")
+
+
+def plain_path(path: Path | str) -> str:
+    """A path QEMU takes whole (``-kernel``, ``-serial file:``): control characters refused."""
+    text = os.fspath(path)
+    if _CONTROL.search(text):
+        raise InvalidInput(f"{text!r}: a path QEMU is given must not contain control characters")
+    return text
+
+
 def argv(
     artifacts: Artifacts, shape: Shape, home: Path, shares: list[Share], incoming: Path | None
 ) -> list[str]:
-    """The QEMU command line (identical for a template and its restores, but for -incoming)."""
+    """The QEMU command line (identical for a template and its restores, but for -incoming).
+
+    Every path in an option list goes through ``qemu_path``; the kernel command line holds no
+    value from a spec or a caller.
+    """
     accelerator, _why = accel()
     append = kernel_command_line()
     args = [
@@ -152,36 +180,37 @@ def argv(
         "none",
         "-no-reboot",
         "-kernel",
-        str(artifacts.kernel),
+        plain_path(artifacts.kernel),
         "-initrd",
-        str(artifacts.initramfs),
+        plain_path(artifacts.initramfs),
         "-append",
         append,
         "-serial",
-        f"file:{home / 'console.log'}",
+        f"file:{plain_path(home / 'console.log')}",  # the rest of the word, commas and all
         "-drive",
-        f"id=root,file={artifacts.rootfs},format=raw,if=none,readonly=on",
+        f"id=root,file={qemu_path(artifacts.rootfs)},format=raw,if=none,readonly=on",
         "-device",
         "virtio-blk-device,drive=root",
         "-device",
         "virtio-serial-device",
         "-chardev",
-        f"socket,id=agent,path={home / 'agent.sock'},server=on,wait=off",
+        f"socket,id=agent,path={qemu_path(home / 'agent.sock')},server=on,wait=off",
         "-device",
         "virtserialport,chardev=agent,name=hybrid.agent",
         "-qmp",
-        f"unix:{home / 'qmp.sock'},server=on,wait=off",
+        f"unix:{qemu_path(home / 'qmp.sock')},server=on,wait=off",
     ]
     for share in shares:
         args += [
             "-fsdev",
-            f"local,id={share.tag},path={share.host},security_model=passthrough"
+            f"local,id={share.tag},path={qemu_path(share.host)},security_model=passthrough"
             + (",readonly=on" if share.read_only else ""),
             "-device",
             f"virtio-9p-device,fsdev={share.tag},mount_tag={share.tag}",
         ]
     if incoming is not None:
-        args += ["-incoming", f"exec:cat {incoming}"]
+        # exec: runs through /bin/sh: the path is one quoted word.
+        args += ["-incoming", f"exec:cat {shlex.quote(plain_path(incoming))}"]
     return args
 
 
@@ -241,6 +270,8 @@ class Machine:
         self._next = 0
         self._reader: threading.Thread | None = None
         self._closed = False
+        self.failure = ""
+        """Why the guest is no longer trusted (it broke the protocol); empty while it is."""
 
     # -- the agent channel ------------------------------------------------------------------
 
@@ -288,10 +319,12 @@ class Machine:
                 raise TimeoutError(request.get("op")) from None
         finally:
             self._replies.pop(ident, None)
-        if "error" in reply:
-            raise WorkstationError(f"microVM agent: {reply['error']}")
         if reply.get("gone"):
+            if self.failure:
+                raise GuestFailure(f"{self.failure}; the microVM is no longer trusted")
             raise WorkstationError(f"the microVM stopped{self._why()}")
+        if "error" in reply:
+            raise WorkstationError(f"microVM agent: {str(reply['error'])[:300]}")
         return reply
 
     def stream(
@@ -323,6 +356,8 @@ class Machine:
         return ident, replies
 
     def _send(self, message: dict[str, Any]) -> None:
+        if self.failure:
+            raise GuestFailure(f"{self.failure}; the microVM is no longer trusted")
         if self._sock is None:
             raise WorkstationError("the microVM is not connected")
         data = (json.dumps(message) + "\n").encode()
@@ -335,22 +370,22 @@ class Machine:
                 ) from None
 
     def _read(self, sock: socket.socket) -> None:
-        pending = b""
-        with contextlib.suppress(OSError):
-            while True:
-                data = sock.recv(262144)
-                if not data:
-                    break
-                pending += data
-                while b"\n" in pending:
-                    line, pending = pending.split(b"\n", 1)
-                    with contextlib.suppress(ValueError):
-                        message = json.loads(line)
-                        target = self._replies.get(message.get("id"))
-                        if target is not None:
-                            target.put(message)
+        # The guest is as hostile as the job in it (a job that takes its kernel holds the agent's
+        # end): a line over MAX_LINE or a message that is not a JSON object with an integer id
+        # ends the channel, and every waiting call fails with WorkstationError.
+        reason = "the channel closed"
+        try:
+            for line in read_lines(sock, MAX_LINE):
+                message = parse_message(line)
+                target = self._replies.get(message["id"])
+                if target is not None:
+                    target.put(message)
+        except GuestFailure as exc:
+            reason = self.failure = exc.message
+        except OSError:
+            pass
         for waiting in list(self._replies.values()):
-            waiting.put({"gone": True, "end": True})
+            waiting.put({"gone": True, "end": True, "failure": reason})
 
     # -- control ------------------------------------------------------------------------------
 
@@ -360,7 +395,7 @@ class Machine:
         tmp = target.with_name(f".{target.name}.{os.getpid()}")
         qmp = _Qmp(self.home / "qmp.sock")
         try:
-            qmp.command("migrate", uri=f"exec:cat > {tmp}")
+            qmp.command("migrate", uri=f"exec:cat > {shlex.quote(plain_path(tmp))}")
             until = time.monotonic() + 120
             while True:
                 status = qmp.command("query-migrate").get("status")
@@ -434,6 +469,64 @@ class Machine:
         return ""
 
 
+GUEST_FAILURE = "the microVM's agent sent a malformed message"
+
+
+class GuestFailure(WorkstationError):
+    """The guest agent broke its protocol (a line too long, not a JSON object, a bad field)."""
+
+
+def read_lines(sock: socket.socket, limit: int) -> Generator[bytes, None, None]:
+    """Lines from ``sock`` until it closes; GuestFailure for a line of more than ``limit`` bytes
+    (nothing beyond ``limit`` plus one read is ever held)."""
+    pending = bytearray()
+    while True:
+        data = sock.recv(262144)
+        if not data:
+            return
+        pending += data
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            if end - start > limit:
+                break
+            yield bytes(pending[start:end])
+            start = end + 1
+        del pending[:start]
+        if len(pending) > limit:
+            raise GuestFailure(f"{GUEST_FAILURE}: a line of more than {limit} bytes")
+
+
+def check_end(message: dict[str, Any]) -> dict[str, Any]:
+    """An exec's last message, its fields of the types the agent writes; GuestFailure otherwise."""
+    fields = {
+        "code": (int, type(None)),
+        "signal": (int, type(None)),
+        "timed_out": (bool,),
+        "oom": (bool,),
+        "cut": (list,),
+        "error": (str,),
+    }
+    for name, types in fields.items():
+        if name in message and type(message[name]) not in types:
+            raise GuestFailure(f"{GUEST_FAILURE}: {name} is a {type(message[name]).__name__}")
+    if not all(kind in ("stdout", "stderr") for kind in message.get("cut") or ()):
+        raise GuestFailure(f"{GUEST_FAILURE}: cut names an unknown stream")
+    return message
+
+
+def parse_message(line: bytes) -> dict[str, Any]:
+    """One agent message: a JSON object with an integer ``id``; GuestFailure otherwise."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past the stack
+        raise GuestFailure(f"{GUEST_FAILURE}: not JSON ({line[:60]!r})") from None
+    if not isinstance(message, dict):
+        raise GuestFailure(f"{GUEST_FAILURE}: a JSON {type(message).__name__}, not an object")
+    if type(message.get("id")) is not int:
+        raise GuestFailure(f"{GUEST_FAILURE}: no integer id")
+    return message
+
+
 class _Qmp:
     """The least of QMP: capabilities, then one command at a time (events are skipped)."""
 
@@ -491,7 +584,7 @@ def template(artifacts: Artifacts, shape: Shape) -> Path:
                 "cwd": "/",
                 "timeout": BOOT_SECONDS,
                 "limit": 4096,
-                "uid": 1000,
+                "uid": jobuser.JOB_UID,
             }
             for _message in machine.stream(warm, time.monotonic() + BOOT_SECONDS):
                 pass
@@ -519,8 +612,13 @@ class Output:
     )
     cut: dict[str, bool] = field(default_factory=lambda: {"stdout": False, "stderr": False})
 
-    def add(self, kind: str, data: str) -> None:
-        chunk = base64.b64decode(data)
+    def add(self, kind: object, data: object) -> None:
+        if kind not in ("stdout", "stderr") or not isinstance(data, str):
+            raise GuestFailure(f"{GUEST_FAILURE}: output of stream {kind!r}")
+        try:
+            chunk = base64.b64decode(data, validate=True)
+        except ValueError:
+            raise GuestFailure(f"{GUEST_FAILURE}: output that is not base64") from None
         room = self.limit - len(self.kept[kind])
         if len(chunk) > room:
             self.cut[kind] = True
