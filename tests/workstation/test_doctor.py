@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -31,3 +35,49 @@ def test_with_the_engine_both_runtimes_really_run(engine):
     if "runsc" in engine.runtimes:
         assert rows["gvisor"].available, rows["gvisor"]
         assert "a hardened container ran" in rows["gvisor"].detail
+
+
+@pytest.fixture
+def fresh_profile():  # type: ignore[no-untyped-def]
+    """The docker seccomp profile is read once per process: read it again around the test."""
+    from hybrid.workstation.docker import seccomp
+
+    seccomp._loaded.cache_clear()
+    yield seccomp
+    seccomp._loaded.cache_clear()
+
+
+@pytest.mark.engine
+def test_doctor_names_the_docker_seccomp_profile_in_force(engine, fresh_profile):
+    rows = {s.tier: s for s in probe()}
+    assert "seccomp: the engine's default profile" in rows["docker"].detail, rows["docker"]
+    assert "AF_VSOCK" in rows["docker"].detail
+    if "runsc" in engine.runtimes:
+        assert "runsc ignores it" in rows["gvisor"].detail, rows["gvisor"]
+    profile = json.loads(fresh_profile.profile())
+    assert all(not arch["subArchitectures"] for arch in profile["archMap"])
+    assert not any(
+        rule["action"] == "SCMP_ACT_ALLOW" and "socket" in rule["names"] and not rule.get("args")
+        for rule in profile["syscalls"]
+    )
+
+
+@pytest.mark.engine
+def test_a_missing_seccomp_profile_refuses_docker_jobs(
+    engine, fresh_profile, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("HYBRID_DOCKER_SECCOMP", str(tmp_path / "absent.json"))
+    rows = {s.tier: s for s in probe()}
+    assert not rows["docker"].available
+    assert fresh_profile.PACKAGE in rows["docker"].detail
+    # The CLI: one line naming the package, no container made, no traceback.
+    run = subprocess.run(
+        [sys.executable, "-m", "hybrid", "run", "--tier", "docker", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert run.returncode != 0
+    assert fresh_profile.PACKAGE in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr

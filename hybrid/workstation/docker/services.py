@@ -25,6 +25,7 @@ from hybrid.errors import WorkstationError, WorkstationNotFound
 from hybrid.workstation import disk
 from hybrid.workstation import services as kinds
 from hybrid.workstation.base import ServiceInfo
+from hybrid.workstation.docker import seccomp
 from hybrid.workstation.docker.engine import client, translate
 from hybrid.workstation.docker.gc import _remove_volume
 from hybrid.workstation.docker.labels import (
@@ -87,7 +88,7 @@ def make_holder(labels: dict[str, str]) -> None:
             network_mode="none",
             read_only=True,
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=seccomp.security_opt(),
             init=True,
             pids_limit=8,
             mem_limit=32 * 1024**2,
@@ -145,7 +146,7 @@ def create_all(
                 tmpfs={"/tmp": tmp, "/run": tmp},
                 mounts=mounts,
                 cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
+                security_opt=seccomp.security_opt(),
                 pids_limit=service.pids,
                 mem_limit=service.memory,
                 memswap_limit=service.memory,
