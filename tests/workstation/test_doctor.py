@@ -81,3 +81,34 @@ def test_a_missing_seccomp_profile_refuses_docker_jobs(
     assert run.returncode != 0
     assert fresh_profile.PACKAGE in run.stderr, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+@pytest.mark.parametrize("helper_uid", ["1", "job"])
+def test_helper_ids_held_by_a_host_account_refuse_every_process_tier(helper_uid):
+    """The egress proxy's and namespace holders' ids are checked like the jobs' (jobuser): a host
+    account's uid (here daemon's, 1) or the jobs' own stops every process tier before it runs."""
+    from hybrid.workstation import jobuser
+
+    uid = str(jobuser.JOB_UID) if helper_uid == "job" else helper_uid
+    probe_ids = (
+        "from hybrid.errors import EngineUnavailable\n"
+        "from hybrid.workstation import jobuser\n"
+        "try:\n    jobuser.check()\nexcept EngineUnavailable as exc:\n    print(exc)\n"
+        "print(jobuser.describe())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe_ids],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            **os.environ,
+            "HYBRID_HELPER_UID": uid,
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        },
+    )
+    refused, described = run.stdout.strip().splitlines()
+    assert "their helpers as uid" in refused and "HYBRID_HELPER_UID" in refused, refused
+    assert "REFUSED" in described, described
+    if helper_uid == "1":
+        assert "host user 'daemon' has uid 1" in refused, refused

@@ -266,7 +266,7 @@ class DockerBackend:
             LABEL_OWNER: labels[LABEL_OWNER],
             LABEL_PERSISTENT: labels[LABEL_PERSISTENT],
         }
-        uid, gid = _EGRESS_USER.split(":")
+        uid, gid = jobuser.HELPER_UID, jobuser.HELPER_GID
         volume = api.create_volume(
             f"hybrid-{name}-egress",
             driver="local",

@@ -22,7 +22,7 @@ from docker.types import Mount as DockerMount
 
 from hybrid import shield
 from hybrid.errors import WorkstationError, WorkstationNotFound
-from hybrid.workstation import disk
+from hybrid.workstation import disk, jobuser
 from hybrid.workstation import services as kinds
 from hybrid.workstation.base import ServiceInfo
 from hybrid.workstation.docker import seccomp
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from hybrid.workstation.base import GcReport
 
 SERVICE_REPOSITORY = "hybrid-service-snapshot"
-_HOLDER_USER = "65534:65534"
+_HOLDER_USER = jobuser.HELPER_USER  # not nobody's: no host account may signal or trace it
 _POLL = 0.1
 
 
