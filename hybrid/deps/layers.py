@@ -136,7 +136,7 @@ def manifest_of(key: str) -> Manifest | None:
 
 def target(image: str) -> Target:
     """The interpreter and platform of ``image``, asked once per image id (network off)."""
-    from hybrid.workstation.docker import client, translate
+    from hybrid.workstation.docker import client, seccomp, translate
 
     api = client().api
     with translate(f"inspect {image}"):
@@ -166,7 +166,7 @@ def target(image: str) -> Target:
             user=jobuser.USER,
             read_only=True,
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=seccomp.security_opt(),
             mem_limit="256m",
             pids_limit=32,
         )
@@ -188,7 +188,14 @@ def ensure(
     """The layer for ``manifest`` on ``image``: reused when present, else built (network off)."""
     from docker import errors
 
-    from hybrid.workstation.docker import LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, client, translate
+    from hybrid.workstation.docker import (
+        LABEL_KIND,
+        LABEL_MANAGED,
+        LABEL_OWNER,
+        client,
+        seccomp,
+        translate,
+    )
     from hybrid.workstation.docker.labels import DEFAULT_USER, _owner
 
     api = client().api
@@ -220,7 +227,7 @@ def ensure(
                     runtime=runtime,
                     network_mode="none",
                     cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"],
+                    security_opt=seccomp.security_opt(),
                     pids_limit=pids,
                     mem_limit=memory,
                     memswap_limit=memory,
