@@ -24,7 +24,6 @@ import subprocess
 import tarfile
 import tempfile
 import time
-import tomllib
 import xml.etree.ElementTree as ET
 from collections import Counter
 from datetime import datetime
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
+from hybrid.agent.project import project_workstation, write_generated
 from hybrid.deps.detect import tag_release
 from hybrid.errors import (
     DependencyError,
@@ -306,12 +306,7 @@ def _attempt(
         export(repo, change.parent, checkout)
         mark = time.monotonic()
         try:
-            if deps:
-                from hybrid import deps as deps_api
-
-                ws = deps_api.up(backend, checkout, spec, image=image)
-            else:
-                ws = backend.create(spec, image=image, repo=checkout)
+            ws = project_workstation(backend, checkout, spec, image=image, deps=deps)
         except (DependencyError, PolicyViolation, InvalidDeclaration) as exc:
             result.failure, result.reason = "dependency", str(exc).splitlines()[0][:500]
             return result
@@ -645,31 +640,9 @@ def export(repo: Path, rev: str, into: Path) -> None:
     version = tag_release(repo, rev)
     if version and not (into / "PKG-INFO").exists():
         (into / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nVersion: {version}\n")
-    _version_file(into, version or "0.0.0")
-
-
-def _version_file(checkout: Path, version: str) -> None:
     # hatch-vcs and setuptools-scm write a version module at build time; the project is not
     # built (it is put on sys.path as it is), so write what they would.
-    with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
-        data = tomllib.loads((checkout / "pyproject.toml").read_text(encoding="utf-8"))
-        tool = data.get("tool") or {}
-        hatch = ((tool.get("hatch") or {}).get("build") or {}).get("hooks") or {}
-        scm = tool.get("setuptools_scm") or {}
-        for rel in (
-            (hatch.get("vcs") or {}).get("version-file"),
-            scm.get("version_file"),
-            scm.get("write_to"),
-        ):
-            if isinstance(rel, str) and rel.endswith(".py"):
-                target = (checkout / rel).resolve()
-                if target.is_relative_to(checkout.resolve()) and not target.exists():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    parts = tuple(int(p) if p.isdigit() else p for p in version.split("."))
-                    target.write_text(
-                        f"__version__ = version = {version!r}\n"
-                        f"__version_tuple__ = version_tuple = {parts!r}\n"
-                    )
+    write_generated(into, version or "0.0.0")
 
 
 def _quote(text: str) -> str:

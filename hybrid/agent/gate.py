@@ -18,7 +18,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hybrid.errors import InvalidDiff, InvalidInput
+from hybrid.errors import (
+    DependencyError,
+    InvalidDeclaration,
+    InvalidDiff,
+    InvalidInput,
+    PolicyViolation,
+)
 from hybrid.paths import display
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import ExecutionResult
@@ -180,12 +186,17 @@ def gate(
     allow_dependencies: bool = False,
     spec: SandboxSpec | None = None,
     image: str | None = None,
+    deps: bool | None = None,
     progress: Progress | None = None,
 ) -> GateReport:
     """Decide whether ``patch`` against ``repo`` is ready for human review; never merges.
 
     ``related`` is a test runner command (e.g. ``python3 -m pytest -q``) run on the test files
     the context graph relates to the touched files, as a second regression check.
+    The workstation holds the project as ``hybrid validate`` makes it (``hybrid.agent.project``):
+    ``deps`` installs its admitted dependencies offline from the cached layer (default: when the
+    repository declares any and the tier starts from an image); dependencies that cannot be
+    admitted or installed block, with the reason.
     """
     say = progress or (lambda message: None)
     repo = Path(repo)
@@ -205,8 +216,6 @@ def gate(
     except InvalidDiff as exc:
         check = GateCheck(name="patch", passed=False, detail=f"the patch does not parse: {exc}")
         return GateReport(disposition=BLOCKED, reasons=[check.detail], checks=[check])
-    from hybrid.workstation import backend
-
     commands = [("test", test)] + ([("regression", regression)] if regression else [])
     tests: list[str] = []
     if related:
@@ -218,9 +227,19 @@ def gate(
             )
         else:
             checks.append(GateCheck(name="related tests", passed=True, detail="none found"))
-    say("workstation: copying the repository in")
     spec = spec or DEFAULT_SPEC
-    with backend(spec.tier).create(spec, image=image, repo=repo) as ws:
+    say("workstation: installing the dependencies, copying the repository in")
+    try:
+        made = _workstation(repo, spec, image, deps)
+    except (DependencyError, PolicyViolation, InvalidDeclaration) as exc:
+        check = GateCheck(
+            name="environment",
+            passed=False,
+            detail=f"the project's dependencies cannot be installed: {str(exc).splitlines()[0]}",
+        )
+        checks.append(check)
+        return GateReport(disposition=BLOCKED, reasons=[check.detail], checks=checks, files=files)
+    with made as ws:
         say("applying the patch and running the tests")
         checks += run_in(ws, patch, commands)
         for check in checks:
@@ -235,6 +254,20 @@ def gate(
         files=files,
         reviewed_diff=reviewed,
     )
+
+
+def _workstation(repo: Path, spec: SandboxSpec, image: str | None, deps: bool | None) -> Any:
+    """The gate's workstation: the project as validation makes it (deps, generated files)."""
+    from hybrid.agent.project import DEPS_TIERS, declares_dependencies, project_workstation
+    from hybrid.workstation import backend
+
+    if deps is None:
+        deps = spec.tier in DEPS_TIERS and declares_dependencies(repo)
+    elif deps and spec.tier not in DEPS_TIERS:
+        raise InvalidInput(
+            f"--deps needs a tier that starts from an image ({', '.join(DEPS_TIERS)})"
+        )
+    return project_workstation(backend(spec.tier), repo, spec, image=image, deps=deps)
 
 
 def related_tests(repo: Path, files: Sequence[str]) -> list[str]:

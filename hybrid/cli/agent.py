@@ -273,6 +273,12 @@ def solve_cmd(**o: Any) -> None:
 @click.option("--deny", multiple=True, metavar="GLOB", help="Extra denied glob (repeatable).")
 @click.option("--allow-lockfiles", is_flag=True)
 @click.option("--allow-dependencies", is_flag=True, help="Dependency changes were admitted.")
+@click.option(
+    "--deps/--no-deps",
+    default=None,
+    help="Install the project's admitted dependencies offline (default: when it declares any).",
+)
+@click.option("--image", help="Workstation image (default the base image; the layer builds on it).")
 @click.option("--quiet", "-q", is_flag=True, help="No live progress.")
 @json_option
 def gate_cmd(
@@ -285,6 +291,8 @@ def gate_cmd(
     deny: tuple[str, ...],
     allow_lockfiles: bool,
     allow_dependencies: bool,
+    deps: bool | None,
+    image: str | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -307,6 +315,8 @@ def gate_cmd(
         deny=deny,
         allow_lockfiles=allow_lockfiles,
         allow_dependencies=allow_dependencies,
+        deps=deps,
+        image=image,
         progress=_progress(quiet),
     )
 
