@@ -33,7 +33,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from hybrid.deps import released, sdist, store
+from hybrid.deps import npm_lock, released, sdist, store
 from hybrid.deps.models import Artifact, Declared, Manifest, Target
 from hybrid.errors import DependencyError, PolicyViolation
 from hybrid.paths import cache_dir
@@ -383,7 +383,7 @@ def _node(repo: Path, declared: Declared) -> list[Artifact]:
         )
     lockfile = json.loads((repo / declared.node).read_text(encoding="utf-8"))
     wanted: dict[str, tuple[str, str, str]] = {}  # spec -> (name, version, integrity)
-    for where, entry in (lockfile.get("packages") or {}).items():
+    for where, entry in npm_lock.packages(lockfile).items():
         if not where or entry.get("link") or entry.get("bundled") or entry.get("inBundle"):
             continue
         name = entry.get("name") or where.rsplit("node_modules/", 1)[-1]
