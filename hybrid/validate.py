@@ -169,7 +169,9 @@ _SIGNS: list[tuple[Failure, re.Pattern[str]]] = [
 _RUNNER_BROKEN = re.compile(
     r"packages/(_pytest|pluggy|py)/\S+:\d+: in \S+\n(?:[ \t].*\n|\n)*?(E   \S.*)|"
     r'File "[^"]*packages/(_pytest|pluggy|py)/[^"]+", line \d+, in \S+\n(?:[ \t].*\n)*?'
-    r"(\w+(?:Error|Exception): .*)"
+    r"(\w+(?:Error|Exception): .*)|"
+    # pytest names its own failure without a traceback when it meets it in a conftest.py
+    r'(TypeError: required field "lineno" missing from alias)'
 )
 RUNNER_BROKEN = "the test runner cannot run on this image's Python"
 PYTHON_SUITES = ("bullseye", "bookworm", "trixie", "forky")
@@ -546,7 +548,8 @@ def _runner_broken(runs: list[Run]) -> str | None:
     for run in runs:
         found = _RUNNER_BROKEN.search(run.tail)
         if found:
-            return (found.group(2) or found.group(4) or "").removeprefix("E").strip()[:300]
+            error = found.group(2) or found.group(4) or found.group(5) or ""
+            return error.removeprefix("E").strip()[:300]
     return None
 
 
