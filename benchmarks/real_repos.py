@@ -371,7 +371,15 @@ def main() -> None:
                 continue
             start = time.monotonic()
             options = {"test_command": project.test_command, "timeout": args.timeout}
-            result = validate(repo, sha, image=shared or base, deps=shared is None, **options)
+            # On the shared layer, no other Python: that is the second call's, with its own deps.
+            result = validate(
+                repo,
+                sha,
+                image=shared or base,
+                deps=shared is None,
+                interpreters=[] if shared else None,
+                **options,
+            )
             if not result.validated and shared:
                 result = validate(repo, sha, image=base, **options)
             also = None
