@@ -313,12 +313,12 @@ def validate(
 
     def on(where: str | None) -> Validation:
         result = run(spec, where)
-        # (Older tools cannot bring back what a Python removed, nor make its pinned runner run.)
+        # (Older tools cannot bring back what a Python removed.)
         if (
             deps
             and policy.exclude_newer is None
             and _tools_too_new(result)
-            and not _interpreter_bound(result)
+            and result.failure != "interpreter"
         ):
             # Today's tools refuse the project at this commit (a later pytest turns its tests
             # into collection errors, or nothing resolves): test it with the tools of its day.
