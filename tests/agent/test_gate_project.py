@@ -139,3 +139,68 @@ def test_deps_on_a_tier_without_images_is_bad_input(project: Path) -> None:
     spec = SandboxSpec.model_validate({"tier": "bwrap"})
     with pytest.raises(InvalidInput, match="--deps"):
         gate(FIX, project, test=COMMAND, spec=spec, deps=True)
+
+
+INDEX_JS = "exports.add = (a, b) => a - b;\n"
+TEST_JS = """const { test } = require('uvu');
+const assert = require('uvu/assert');
+const { add } = require('../index.js');
+
+test('adds', () => {
+  assert.is(add(2, 2), 4);
+});
+
+test.run();
+"""
+FIX_JS = """--- a/index.js
++++ b/index.js
+@@ -1 +1 @@
+-exports.add = (a, b) => a - b;
++exports.add = (a, b) => a + b;
+"""
+
+
+@pytest.mark.engine
+def test_a_node_projects_own_runner_is_found(engine, tmp_path: Path) -> None:
+    # The runner (uvu, as jest, mocha or tap) is a devDependency: the gate finds it on PATH
+    # from the installed node_modules/.bin, not from the image.
+    import os
+    import shutil
+
+    from hybrid.workstation import images
+
+    tag = images.profile_tag("node")
+    if shutil.which("npm") is None or images.get(tag) is None:
+        reason = f"needs npm on the host and the {tag} image"
+        if os.environ.get("HYBRID_REQUIRE_ENGINE") == "1":
+            pytest.fail(f"HYBRID_REQUIRE_ENGINE=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    repo = tmp_path / "adder"
+    (repo / "test").mkdir(parents=True)
+    (repo / "package.json").write_text(
+        json.dumps(
+            {
+                "name": "adder",
+                "version": "1.0.0",
+                "private": True,
+                "devDependencies": {"uvu": "0.5.6"},
+            }
+        )
+    )
+    (repo / "index.js").write_text(INDEX_JS)
+    (repo / "test" / "add.test.js").write_text(TEST_JS)
+    subprocess.run(
+        ["npm", "install", "--package-lock-only", "--ignore-scripts", "--no-audit", "--no-fund"],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "adder")
+    ready = gate(FIX_JS, repo, test="uvu test", spec=SPEC, image=tag)
+    assert ready.disposition == READY, ready.reasons
+    off = gate(FIX_JS, repo, test="uvu test", spec=SPEC, image=tag, deps=False)
+    assert off.disposition == BLOCKED
+    assert "uvu" in off.reasons[0], off.reasons
