@@ -23,6 +23,7 @@ ENV = {
     "GIT_COMMITTER_NAME": "hybrid",
     "GIT_COMMITTER_EMAIL": "test@hybrid.invalid",
 }
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 SPEC = SandboxSpec.model_validate(
     {"tier": "docker", "budget": {"wall_seconds": 300, "memory": "1G", "pids": 256}}
 )
@@ -74,7 +75,6 @@ def bullseye(engine):  # type: ignore[no-untyped-def]
             client().api.remove_image(tag, force=True)
 
 
-@pytest.mark.engine
 def test_a_runner_that_cannot_run_on_the_python_is_a_dependency_failure(
     engine, bullseye: str, tmp_path: Path
 ) -> None:
@@ -92,7 +92,6 @@ def test_a_runner_that_cannot_run_on_the_python_is_a_dependency_failure(
     assert older.fail_to_pass == ["tests/test_calc.py::tests.test_calc::test_double"]
 
 
-@pytest.mark.engine
 def test_tests_using_what_the_python_removed_are_the_interpreters(
     engine, bullseye: str, tmp_path: Path
 ) -> None:
