@@ -335,6 +335,10 @@ def validate(
             retried = on(other)
             if retried.validated:
                 return retried
+            if retried.runs and retried.failure not in ("dependency", "interpreter"):
+                # Its tests ran there: what they showed (already passing, say) is the verdict
+                # to report, not that this Python could not run them.
+                result = retried
     return result
 
 
