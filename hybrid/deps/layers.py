@@ -356,7 +356,9 @@ def _point_at_stage(lockfile: Path, node: list[Artifact]) -> None:
     """
     files = {(a.name, a.version): a.filename for a in node}
     manifest = json.loads((lockfile.parent / "package.json").read_text(encoding="utf-8"))
-    data = npm_lock.upgraded(json.loads(lockfile.read_text(encoding="utf-8")), manifest)
+    original = json.loads(lockfile.read_text(encoding="utf-8"))
+    data = npm_lock.upgraded(original, manifest)
+    converted = data is not original  # a v1 tree: what npm would read from the tarballs
     for where, entry in (data.get("packages") or {}).items():
         if not where or not isinstance(entry, dict) or entry.get("link"):
             continue
@@ -364,6 +366,8 @@ def _point_at_stage(lockfile: Path, node: list[Artifact]) -> None:
         filename = files.get((str(name), str(entry.get("version"))))
         if filename:
             entry["resolved"] = f"file:{_STAGE}/node/{filename}"
+            if converted:
+                entry.update(npm_lock.tarball_details(lockfile.parent.parent / "node" / filename))
     data.pop("dependencies", None)  # the v1 tree: "packages" is what npm 7+ installs from
     lockfile.chmod(0o644)
     lockfile.write_text(json.dumps(data, indent=2), encoding="utf-8")

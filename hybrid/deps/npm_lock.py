@@ -8,7 +8,13 @@ read into the same install paths and entries, and an install is handed that form
 
 from __future__ import annotations
 
+import json
+import tarfile
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+_MAX_MANIFEST = 1 << 20
+_INSTALL_SCRIPTS = ("preinstall", "install", "postinstall")
 
 _ROOT_FIELDS = (
     "name",
@@ -46,6 +52,42 @@ def upgraded(lockfile: dict[str, Any], manifest: dict[str, Any] | None = None) -
     return data
 
 
+def tarball_details(path: Path) -> dict[str, Any]:
+    """What a v3 lockfile entry says of a package that a v1 tree does not, read from its
+    tarball's package.json (data only, nothing runs): its commands (``bin``, which npm links
+    into node_modules/.bin only when the lockfile names them) and whether it has install
+    scripts (which npm runs only when the lockfile says so)."""
+    try:
+        with tarfile.open(path) as archive:
+            members = {m.name: m for m in archive if m.isfile()}
+            top = [n for n in members if n.count("/") == 1 and n.endswith("/package.json")]
+            data = archive.extractfile(members[top[0]]) if top else None
+            manifest = json.loads(data.read(_MAX_MANIFEST)) if data else {}
+    except (OSError, tarfile.TarError, ValueError):
+        return {}
+    if not isinstance(manifest, dict):
+        return {}
+    details: dict[str, Any] = {}
+    bin_ = manifest.get("bin")
+    name = str(manifest.get("name", "")).rsplit("/", 1)[-1]
+    commands = {name: bin_} if isinstance(bin_, str) and name else bin_
+    if isinstance(commands, dict):
+        # Only commands whose file the package ships: npm fails the whole install on one
+        # that is not there (ENOENT), where reading the package itself it passes it over.
+        root = top[0].split("/", 1)[0]
+        shipped = {
+            k: v
+            for k, v in commands.items()
+            if isinstance(v, str) and f"{root}/{PurePosixPath(v.removeprefix('./'))!s}" in members
+        }
+        if shipped:
+            details["bin"] = shipped
+    scripts = manifest.get("scripts")
+    if isinstance(scripts, dict) and any(k in scripts for k in _INSTALL_SCRIPTS):
+        details["hasInstallScript"] = True
+    return details
+
+
 def _walk(tree: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
     for name, entry in tree.items():
         if not isinstance(entry, dict):
@@ -66,4 +108,4 @@ def _walk(tree: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
             _walk(nested, f"{where}/", out)
 
 
-__all__ = ["packages", "upgraded"]
+__all__ = ["packages", "tarball_details", "upgraded"]
