@@ -544,6 +544,15 @@ def _agree(one: Run, other: Run) -> bool:
     return rest(one) == rest(other)
 
 
+def python_bound(output: str) -> bool:
+    """Whether a test command's output shows the image's Python stopping it: the runner failing
+    in its own code (no test passed or failed), or a test using what the Python removed."""
+    if re.search(r"\b\d+ (passed|failed)\b", output):
+        return False
+    interpreter = next(pattern for failure, pattern in _SIGNS if failure == "interpreter")
+    return bool(_RUNNER_BROKEN.search(output) or interpreter.search(output))
+
+
 def _runner_broken(runs: list[Run]) -> str | None:
     """The error, when no test ran to a pass or a failure in any run and the runner's own code
     raised it: the runner the project pins does not work on this Python."""
@@ -795,5 +804,7 @@ __all__ = [
     "change_of",
     "export",
     "is_test",
+    "other_pythons",
+    "python_bound",
     "validate",
 ]

@@ -228,24 +228,29 @@ def gate(
         else:
             checks.append(GateCheck(name="related tests", passed=True, detail="none found"))
     spec = spec or DEFAULT_SPEC
-    say("workstation: installing the dependencies, copying the repository in")
-    try:
-        made = _workstation(repo, spec, image, deps)
-    except (DependencyError, PolicyViolation, InvalidDeclaration) as exc:
-        check = GateCheck(
-            name="environment",
-            passed=False,
-            detail=f"the project's dependencies cannot be installed: {str(exc).splitlines()[0]}",
-        )
-        checks.append(check)
-        return GateReport(disposition=BLOCKED, reasons=[check.detail], checks=checks, files=files)
-    with made as ws:
-        say("applying the patch and running the tests")
-        checks += run_in(ws, patch, commands)
-        for check in checks:
-            if check.name == "related tests" and check.result is not None:
-                check.detail += f" ({', '.join(tests)})"
-        reviewed = ws.diff()
+    static = checks
+    # The image's Python can be what stops the tests (the runner the project pins does not run
+    # on it, or they use what it removed): as validate does, the other Pythons the engine holds
+    # are tried, unless the caller named the image.
+    for where in [image, *([] if image else _other_pythons())]:
+        say("workstation: installing the dependencies, copying the repository in")
+        try:
+            made = _workstation(repo, spec, where, deps)
+        except (DependencyError, PolicyViolation, InvalidDeclaration) as exc:
+            detail = f"the project's dependencies cannot be installed: {str(exc).splitlines()[0]}"
+            check = GateCheck(name="environment", passed=False, detail=detail)
+            return GateReport(
+                disposition=BLOCKED, reasons=[detail], checks=[*static, check], files=files
+            )
+        with made as ws:
+            say("applying the patch and running the tests")
+            checks = static + run_in(ws, patch, commands)
+            for check in checks:
+                if check.name == "related tests" and check.result is not None:
+                    check.detail += f" ({', '.join(tests)})"
+            reviewed = ws.diff()
+        if not _python_bound(checks):
+            break
     reasons = [c.detail or f"{c.name} failed" for c in checks if not c.passed]
     return GateReport(
         disposition=BLOCKED if reasons else READY,
@@ -253,6 +258,22 @@ def gate(
         checks=checks,
         files=files,
         reviewed_diff=reviewed,
+    )
+
+
+def _other_pythons() -> list[str]:
+    from hybrid.validate import other_pythons
+
+    return other_pythons(None)
+
+
+def _python_bound(checks: list[GateCheck]) -> bool:
+    """Whether a test command failed because of the image's Python, not the patch."""
+    from hybrid.validate import python_bound
+
+    return any(
+        c.result is not None and not c.passed and python_bound(c.result.stdout + c.result.stderr)
+        for c in checks
     )
 
 

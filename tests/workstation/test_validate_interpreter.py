@@ -106,3 +106,25 @@ def test_tests_using_what_the_python_removed_are_the_interpreters(
     older = validate(repo, commit, spec=SPEC, interpreters=[bullseye])
     assert older.validated, (older.failure, older.reason)
     assert older.image == bullseye
+
+
+def test_the_gate_runs_the_tests_where_their_runner_runs(bullseye: str, tmp_path: Path) -> None:
+    # The same project at its fix's task (the test committed, the bug still there): on the base
+    # image its pinned pytest cannot run; the gate tries the older Python, as validate does.
+    from hybrid.agent.gate import BLOCKED, READY, gate
+    from hybrid.workstation.images import BASE_IMAGE
+
+    repo, _ = _repo(
+        tmp_path,
+        '[project]\nname = "calc"\nversion = "1.0"\noptional-dependencies.test = ["pytest<6"]\n',
+    )
+    subprocess.run(["git", "reset", "-q", "--soft", "HEAD~1"], cwd=repo, env=ENV, check=True)
+    (repo / "calc.py").write_text(BUGGY)
+    subprocess.run(["git", "add", "-A"], cwd=repo, env=ENV, check=True)
+    subprocess.run(["git", "commit", "-qm", "task"], cwd=repo, env=ENV, check=True)
+    fix = "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def double(x):\n-    return x + x + 1\n+    return x + x\n"
+    command = "python3 -m pytest -q -p no:cacheprovider tests/test_calc.py"
+    report = gate(fix, repo, test=command, spec=SPEC)
+    assert report.disposition == READY, report.reasons
+    pinned = gate(fix, repo, test=command, spec=SPEC, image=BASE_IMAGE)  # named: no other
+    assert pinned.disposition == BLOCKED
