@@ -18,6 +18,13 @@ turn, such as ``hybrid image bootstrap --suite trixie`` (3.13) and ``--suite for
 fixes of behaviour only a newer interpreter shows. A commit that today's packages cannot run at
 all is validated again with the packages it names as of its date (``validate`` does that). The
 table counts both apart.
+
+``--gate`` then puts each validated commit's real fix through the review gate with plain flags,
+as a person would: a clone at the parent with the commit's test changes committed (the task),
+the commit's source change as the patch, ``hybrid gate --test "<runner> <the commit's test
+files>"`` (the Node image for a Node project, as validate has it). A second table: per project,
+validated, ready, blocked and the gate's verdict time (median, p50 over all; the dependency
+layer is warm: validate made it).
 """
 
 from __future__ import annotations
@@ -53,7 +60,10 @@ class Project(BaseModel):
     # and no speed-up in the subject;
     # "fifth": the same, with the rule against spelling fixes that the fourth's run showed;
     # "sixth": the same, after the harness fixes the fifth's run showed (entry points, cache).
+    # "seventh": the same, chosen for issue 30 (the gate on never-seen projects) before any run;
+    # the Node one was chosen for having a lockfile and a mocha/jest/tap runner.
     sample: str = "first"
+    node: bool = False  # a Node project: the node image, no --also-image
 
 
 PROJECTS = [
@@ -125,6 +135,35 @@ PROJECTS = [
     Project(name="mako", github="sqlalchemy/mako", source="mako/", tests="test/", sample="sixth"),
     Project(name="platformdirs", github="tox-dev/platformdirs", source="src/", sample="sixth"),
     Project(name="w3lib", github="scrapy/w3lib", source="w3lib/", sample="sixth"),
+    Project(
+        name="tabulate",
+        github="astanin/python-tabulate",
+        source="tabulate/",
+        tests="test/",
+        sample="seventh",
+    ),
+    Project(name="wcmatch", github="facelessuser/wcmatch", source="wcmatch/", sample="seventh"),
+    Project(
+        name="glom", github="mahmoud/glom", source="glom/", tests="glom/test/", sample="seventh"
+    ),
+    Project(
+        name="pycodestyle",
+        github="PyCQA/pycodestyle",
+        source="pycodestyle.py",
+        tests="",
+        sample="seventh",
+    ),
+    Project(name="prettytable", github="jazzband/prettytable", source="src/", sample="seventh"),
+    # Before its package-lock.json was removed (b24c6774): the lockfile is what installs offline.
+    Project(
+        name="ejs",
+        github="mde/ejs",
+        source="lib/",
+        tests="test/",
+        until="b24c6774^",
+        sample="seventh",
+        node=True,
+    ),
 ]
 _FIX = re.compile(
     r"\b(fix(es|ed)?|bug|issue|regression|wrong|incorrect|crash|broken|error|handle|correct)",
@@ -270,13 +309,18 @@ def main() -> None:
     parser.add_argument(
         "--table", type=Path, nargs="+", help="Only print the table of earlier --json files."
     )
+    parser.add_argument(
+        "--gate",
+        action="store_true",
+        help="Put each validated commit's real fix through the review gate (plain flags).",
+    )
     args = parser.parse_args()
     # A stopped run still removes its workstation: SIGTERM unwinds through validate's finally.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.table:
-        table_of(
-            [json.loads(line) for path in args.table for line in path.read_text().splitlines()]
-        )
+        rows = [json.loads(line) for path in args.table for line in path.read_text().splitlines()]
+        table_of(rows)
+        gate_table(rows)
         return
 
     from hybrid.errors import HybridError
@@ -300,7 +344,7 @@ def main() -> None:
         commits = mine(repo, project, args.per_project)
         mined.update(commits)
         projects.add(project.name)
-        node = project.github == "tj/commander.js"
+        node = project.node or project.github == "tj/commander.js"
         base = profile_tag("node") if node else BASE_IMAGE
         # One installed environment per project, from the newest sampled commit's parent; a
         # commit that misses on it is retried with its own (an older checkout can need older
@@ -317,7 +361,15 @@ def main() -> None:
                 continue
             start = time.monotonic()
             options = {"test_command": project.test_command, "timeout": args.timeout}
-            result = validate(repo, sha, image=shared or base, deps=shared is None, **options)
+            # On the shared layer, no other Python: that is the second call's, with its own deps.
+            result = validate(
+                repo,
+                sha,
+                image=shared or base,
+                deps=shared is None,
+                interpreters=[] if shared else None,
+                **options,
+            )
             if not result.validated and shared:
                 result = validate(repo, sha, image=base, **options)
             also = None
@@ -349,12 +401,133 @@ def main() -> None:
 
     # A resumed file can hold commits that today's mining rules no longer pick: they leave it.
     records = [r for r in records if r["commit"] in mined or r["project"] not in projects]
+    if args.gate:
+        by_name = {p.name: p for p in PROJECTS}
+        for record in records:
+            project = by_name.get(record["project"])
+            if not record["validated"] or "gate" in record or project is None:
+                continue
+            if record["project"] not in projects and args.only:
+                continue
+            repo = locate(args.repos, project)
+            if repo is None:
+                continue
+            node = project.node or project.github == "tj/commander.js"
+            record["gate"] = gate_fix(
+                repo,
+                record,
+                image=profile_tag("node") if node else None,
+                test_command=project.test_command,
+            )
+            verdict = record["gate"]["disposition"]
+            why = "; ".join(record["gate"]["reasons"])[:160]
+            print(
+                f"gate {project.name} {record['commit'][:10]} {record['gate']['seconds']:5.1f}s "
+                f"{verdict}{': ' + why if why else ''}",
+                flush=True,
+            )
+            if out:  # the file is rewritten below with every record's gate result
+                out.flush()
     if out:
         out.close()
         kept = args.json.with_suffix(".tmp")
         kept.write_text("".join(json.dumps(r) + "\n" for r in records))
         kept.replace(args.json)
     table_of(records)
+    gate_table(records)
+
+
+def gate_fix(
+    repo: Path, record: dict[str, Any], *, image: str | None, test_command: str | None
+) -> dict[str, Any]:
+    """The gate's verdict on the commit's own source change, in a clone at its parent holding
+    the commit's test changes (the task): plain flags, the commit's test files as the test."""
+    import tempfile
+
+    from hybrid.agent.gate import gate
+    from hybrid.validate import _Runner
+
+    commit, parent = record["commit"], record["parent"]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "bench@hybrid.invalid",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "bench@hybrid.invalid",
+    }
+
+    def git(cwd: Path, *args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "core.hooksPath=/dev/null", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    with tempfile.TemporaryDirectory(prefix="hybrid-bench-gate-") as work:
+        clone = Path(work) / "repo"
+        git(Path(work), "clone", "-q", "--no-checkout", "--shared", str(repo), str(clone))
+        git(clone, "checkout", "-q", "-B", "task", parent)
+        # The task: the parent with the commit's test changes (its new tests fail here).
+        present = git(clone, "ls-tree", "-r", "--name-only", commit, "--", *record["tests"])
+        kept = [p for p in record["tests"] if p in present.splitlines()]
+        gone = [p for p in record["tests"] if p not in kept]
+        if kept:
+            git(clone, "checkout", "-q", commit, "--", *kept)
+        if gone:
+            git(clone, "rm", "-q", "--ignore-unmatch", "--", *gone)
+        git(clone, "commit", "-q", "--allow-empty", "-m", "the task's tests")
+        patch = git(clone, "diff", "--binary", parent, commit, "--", *record["source"])
+        runner = _Runner.for_checkout(clone, test_command, None)
+        files = [p for p in kept if runner.runs(p)]
+        base = runner.command.split(" -o junit_family")[0].split(" --json")[0]
+        command = f"{base} {' '.join(files)}"
+        start = time.monotonic()
+        report = gate(patch, clone, test=command, image=image)
+        seconds = time.monotonic() - start
+    return {
+        "disposition": report.disposition,
+        "reasons": report.reasons,
+        "seconds": seconds,
+        "command": command,
+    }
+
+
+def gate_table(records: list[dict[str, Any]]) -> None:
+    """Per project: validated commits, how many the gate says ready with plain flags, and the
+    verdict time (median per project, p50 over all)."""
+    gated = [r for r in records if r.get("gate")]
+    if not gated:
+        return
+    print()
+    header = ["project", "validated", "gated", "ready", "blocked", "median s/verdict"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    projects: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if record["validated"]:
+            projects.setdefault(record["project"], []).append(record)
+    for name, rows in projects.items():
+        done = [r for r in rows if r.get("gate")]
+        ready = sum(1 for r in done if r["gate"]["disposition"].startswith("ready"))
+        seconds = sorted(r["gate"]["seconds"] for r in done)
+        median = f"{seconds[len(seconds) // 2]:.1f}" if seconds else ""
+        cells = [name, len(rows), len(done), ready, len(done) - ready, median]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+    ready = sum(1 for r in gated if r["gate"]["disposition"].startswith("ready"))
+    seconds = sorted(r["gate"]["seconds"] for r in gated)
+    print()
+    print(
+        f"gate: ready {ready}/{len(gated)} = {ready / len(gated):.1%} of validated commits "
+        f"(target >= 95%); verdict p50 {seconds[len(seconds) // 2]:.1f}s, "
+        f"max {seconds[-1]:.1f}s (warm layer; shared, noisy machine)"
+    )
+    for record in gated:
+        if not record["gate"]["disposition"].startswith("ready"):
+            why = "; ".join(record["gate"]["reasons"])[:200]
+            print(f"- gate {record['project']} {record['commit'][:10]}: {why}")
 
 
 def table_of(records: list[dict[str, Any]]) -> None:

@@ -6,8 +6,10 @@ files run three times: as they were (``before``), with the commit's test changes
 the new tests must fail) and with its source changes too (``fixed``: they must pass). A commit
 validates when at least one test goes from failing to passing (FAIL_TO_PASS) and every test
 that passed before still passes (PASS_TO_PASS). A commit that does not validate gets one
-failure class: dependency (not installable), service (needs postgres, redis, ...), network,
-flaky (a second run of the same state disagrees) or other.
+failure class: dependency (not installable, or its test runner cannot run on the image's
+Python), interpreter (its tests use what the image's Python removed), service (needs postgres,
+redis, ...), network, flaky (a second run of the same state disagrees) or other. The first two
+are tried again on the other Python images the engine holds (older first).
 
 Files are read from the repository's git objects (``git archive``, ``git show``), never from a
 work tree; nothing of the project runs on the host.
@@ -23,7 +25,6 @@ import shutil
 import tarfile
 import tempfile
 import time
-import tomllib
 import xml.etree.ElementTree as ET
 from collections import Counter
 from datetime import datetime
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 from hybrid import git
+from hybrid.agent.project import project_workstation, write_generated
 from hybrid.deps.detect import tag_release
 from hybrid.errors import (
     DependencyError,
@@ -48,9 +50,12 @@ if TYPE_CHECKING:
     from hybrid.workstation.base import Backend, Workstation
 
 State = Literal["before", "tests", "fixed"]
-Failure = Literal["dependency", "service", "network", "flaky", "passes_at_parent", "other"]
+Failure = Literal[
+    "dependency", "interpreter", "service", "network", "flaky", "passes_at_parent", "other"
+]
 FAILURES: tuple[Failure, ...] = (
     "dependency",
+    "interpreter",  # the tests use what the image's Python removed (collections.Mapping)
     "service",
     "network",
     "flaky",
@@ -114,6 +119,18 @@ def pytest_runtest_call(item):
 def pytest_runtest_teardown(item):
     yield from _limited()
 """
+# Standard-library modules a Python release removed (3.12: PEP 632, imp, asyncore; 3.13: PEP
+# 594), and modules that lost names (collections.Mapping in 3.10, inspect.getargspec in 3.11).
+_REMOVED_MODULES = (
+    "imp", "distutils", "asynchat", "asyncore", "smtpd", "aifc", "audioop", "cgi", "cgitb",
+    "chunk", "crypt", "imghdr", "mailcap", "msilib", "nis", "nntplib", "ossaudiodev", "pipes",
+    "sndhdr", "spwd", "sunau", "telnetlib", "uu", "xdrlib", "lib2to3",
+)  # fmt: skip
+_CHANGED_MODULES = (
+    "collections", "inspect", "asyncio", "typing", "configparser", "pkgutil", "ssl", "locale",
+    "gettext", "base64", "unittest", "array", "binascii", "platform", "fractions", "math",
+    "html.parser", "xml.etree.ElementTree", "importlib", "importlib.resources",
+)  # fmt: skip
 _SIGNS: list[tuple[Failure, re.Pattern[str]]] = [
     (
         "network",
@@ -132,10 +149,33 @@ _SIGNS: list[tuple[Failure, re.Pattern[str]]] = [
         ),
     ),
     (
+        "interpreter",
+        re.compile(
+            rf"No module named '({'|'.join(_REMOVED_MODULES)})[.']|"
+            rf"cannot import name '\w+' from '({'|'.join(_CHANGED_MODULES)})'|"
+            rf"module '({'|'.join(_CHANGED_MODULES)})' has no attribute|"
+            r"object has no attribute '(assertEquals|assertNotEquals|assertItemsEqual|"
+            r"assertRegexpMatches|assertNotRegexpMatches|assertRaisesRegexp|"
+            r"assertDictContainsSubset|failUnless\w*|failIf\w*|isAlive|getchildren|getiterator)'"
+        ),
+    ),
+    (
         "dependency",
         re.compile(r"ModuleNotFoundError: No module named|Cannot find module|ERR_MODULE_NOT_FOUND"),
     ),
 ]
+# The test runner itself failing (pytest < 6.2.5 rewriting asserts on Python 3.10+: 'required
+# field "lineno" missing from alias'): the error is raised in the runner's own package.
+_RUNNER_BROKEN = re.compile(
+    r"packages/(_pytest|pluggy|py)/\S+:\d+: in \S+\n(?:[ \t].*\n|\n)*?(E   \S.*)|"
+    r'File "[^"]*packages/(_pytest|pluggy|py)/[^"]+", line \d+, in \S+\n(?:[ \t].*\n)*?'
+    r"(\w+(?:Error|Exception): .*)|"
+    # pytest names its own failure without a traceback when it meets it in a conftest.py
+    r'(TypeError: required field "lineno" missing from alias)'
+)
+RUNNER_BROKEN = "the test runner cannot run on this image's Python"
+PYTHON_SUITES = ("bullseye", "bookworm", "trixie", "forky")
+"""Debian releases whose images give other Pythons (3.9, 3.11, 3.13, 3.14) to try again on."""
 
 
 class Change(BaseModel):
@@ -185,6 +225,7 @@ class Validation(BaseModel):
     exclude_newer: datetime | None = Field(
         None, description="The dependencies were resolved as of this time (None: today's)."
     )
+    image: str | None = Field(None, description="The image it ran on (None: the base image).")
     seconds: dict[str, float] = Field(default_factory=dict)
 
 
@@ -240,6 +281,7 @@ def validate(
     deps: bool = True,
     test_command: str | None = None,
     timeout: float | None = None,
+    interpreters: list[str] | None = None,
 ) -> Validation:
     """Validate ``commit`` of the git repository ``repo`` in a workstation at its parent.
 
@@ -251,6 +293,9 @@ def validate(
     When today's dependencies cannot run the commit's tests at all (nothing resolves, or no
     test passes in any state), it is tried again with them resolved as of the commit's date
     (``DepsPolicy.exclude_newer``); the spec's own ``exclude_newer`` is used as given.
+    When the image's Python is what stops them (the test runner its pins name cannot run on it,
+    or the tests use what it removed), it is tried again on each image of ``interpreters``
+    (default: the images of other Debian releases the engine holds, older Pythons first).
     Bad input (no such commit, not a fix with tests) raises InvalidInput; everything that
     happens inside is in the result.
     """
@@ -263,17 +308,76 @@ def validate(
     change = change_of(repo, commit)
     spec = spec or for_workstation(SandboxSpec(tier="docker"))
     backend = backend or backend_of("gvisor" if spec.tier == "gvisor" else "docker")
-    run = functools.partial(_attempt, repo, change, backend, image, deps, test_command, timeout)
-    result = run(spec)
+    run = functools.partial(_attempt, repo, change, backend, deps, test_command, timeout)
     policy = spec.deps or DepsPolicy()
-    if deps and policy.exclude_newer is None and _tools_too_new(result):
-        # Today's tools refuse the project at this commit (a later pytest turns its tests into
-        # collection errors, or nothing resolves): test it with the tools of its day instead.
-        dated = policy.model_copy(update={"exclude_newer": change.date})
-        retried = run(spec.model_copy(update={"deps": dated}))
-        if retried.validated or retried.failure != "dependency":
-            result = retried
+
+    def on(where: str | None) -> Validation:
+        result = run(spec, where)
+        # (Older tools cannot bring back what a Python removed.)
+        if (
+            deps
+            and policy.exclude_newer is None
+            and _tools_too_new(result)
+            and result.failure != "interpreter"
+        ):
+            # Today's tools refuse the project at this commit (a later pytest turns its tests
+            # into collection errors, or nothing resolves): test it with the tools of its day.
+            dated = policy.model_copy(update={"exclude_newer": change.date})
+            retried = run(spec.model_copy(update={"deps": dated}), where)
+            if retried.validated or retried.failure != "dependency":
+                result = retried
+        return result
+
+    result = on(image)
+    if _interpreter_bound(result):
+        others = interpreters if interpreters is not None else other_pythons(image)
+        for other in others:
+            retried = on(other)
+            if retried.validated:
+                return retried
+            if retried.runs and retried.failure not in ("dependency", "interpreter"):
+                # Its tests ran there: what they showed (already passing, say) is the verdict
+                # to report, not that this Python could not run them.
+                result = retried
     return result
+
+
+def _interpreter_bound(result: Validation) -> bool:
+    """Whether the image's Python, not the commit, is what stopped the tests."""
+    return not result.validated and (
+        result.failure == "interpreter"
+        or (result.failure == "dependency" and result.reason.startswith(RUNNER_BROKEN))
+    )
+
+
+def other_pythons(image: str | None) -> list[str]:
+    """The images of the other Debian releases the engine holds (``hybrid image bootstrap
+    --suite``), older Pythons first, each side nearest first."""
+    from hybrid.deps.layers import target
+    from hybrid.workstation import images
+
+    current = image or images.BASE_IMAGE
+    try:
+        mine = _python_of(target(current).python)
+    except HybridError:
+        return []
+    older: list[tuple[tuple[int, ...], str]] = []
+    newer: list[tuple[tuple[int, ...], str]] = []
+    for suite in PYTHON_SUITES:
+        tag = images.profile_tag("python", suite)
+        if tag == current:
+            continue
+        with contextlib.suppress(HybridError):
+            if images.get(tag) is None:
+                continue
+            version = _python_of(target(tag).python)
+            if version != mine:
+                (older if version < mine else newer).append((version, tag))
+    return [t for _, t in sorted(older, reverse=True)] + [t for _, t in sorted(newer)]
+
+
+def _python_of(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split(".") if p.isdigit())
 
 
 def _tools_too_new(result: Validation) -> bool:
@@ -285,11 +389,11 @@ def _attempt(
     repo: Path,
     change: Change,
     backend: Backend,
-    image: str | None,
     deps: bool,
     test_command: str | None,
     timeout: float | None,
     spec: SandboxSpec,
+    image: str | None,
 ) -> Validation:
     result = Validation(
         repo=str(repo),
@@ -300,18 +404,14 @@ def _attempt(
         source=change.source,
         validated=False,
         exclude_newer=spec.deps.exclude_newer if spec.deps else None,
+        image=image,
     )
     with tempfile.TemporaryDirectory(prefix="hybrid-validate-") as work:
         checkout = Path(work) / "repo"
         export(repo, change.parent, checkout)
         mark = time.monotonic()
         try:
-            if deps:
-                from hybrid import deps as deps_api
-
-                ws = deps_api.up(backend, checkout, spec, image=image)
-            else:
-                ws = backend.create(spec, image=image, repo=checkout)
+            ws = project_workstation(backend, checkout, spec, image=image, deps=deps)
         except (DependencyError, PolicyViolation, InvalidDeclaration) as exc:
             result.failure, result.reason = "dependency", str(exc).splitlines()[0][:500]
             return result
@@ -360,7 +460,10 @@ def _validate_in(
         else:
             decided, rerun = fixed, runner.run(ws, "fixed", after_tests)
         result.runs.append(rerun)
-        if decided.outcomes and not _agree(rerun, decided):
+        broken = _runner_broken(result.runs)
+        if broken:
+            result.failure, result.reason = "dependency", f"{RUNNER_BROKEN}: {broken}"
+        elif decided.outcomes and not _agree(rerun, decided):
             result.failure, result.reason = "flaky", f"{result.reason}; a second run disagreed"
         else:
             result.failure = _classify(result, before, fixed) or result.failure or "other"
@@ -439,6 +542,28 @@ def _agree(one: Run, other: Run) -> bool:
         return Counter((_file(t), o) for t, o in run.outcomes.items() if t not in common)
 
     return rest(one) == rest(other)
+
+
+def python_bound(output: str) -> bool:
+    """Whether a test command's output shows the image's Python stopping it: the runner failing
+    in its own code (no test passed or failed), or a test using what the Python removed."""
+    if re.search(r"\b\d+ (passed|failed)\b", output):
+        return False
+    interpreter = next(pattern for failure, pattern in _SIGNS if failure == "interpreter")
+    return bool(_RUNNER_BROKEN.search(output) or interpreter.search(output))
+
+
+def _runner_broken(runs: list[Run]) -> str | None:
+    """The error, when no test ran to a pass or a failure in any run and the runner's own code
+    raised it: the runner the project pins does not work on this Python."""
+    if any(o in ("passed", "failed") for run in runs for o in run.outcomes.values()):
+        return None
+    for run in runs:
+        found = _RUNNER_BROKEN.search(run.tail)
+        if found:
+            error = found.group(2) or found.group(4) or found.group(5) or ""
+            return error.removeprefix("E").strip()[:300]
+    return None
 
 
 def _classify(result: Validation, before: Run | None, fixed: Run) -> Failure | None:
@@ -649,31 +774,9 @@ def export(repo: Path, rev: str, into: Path) -> None:
     version = tag_release(repo, rev)
     if version and not (into / "PKG-INFO").exists():
         (into / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nVersion: {version}\n")
-    _version_file(into, version or "0.0.0")
-
-
-def _version_file(checkout: Path, version: str) -> None:
     # hatch-vcs and setuptools-scm write a version module at build time; the project is not
     # built (it is put on sys.path as it is), so write what they would.
-    with contextlib.suppress(OSError, tomllib.TOMLDecodeError):
-        data = tomllib.loads((checkout / "pyproject.toml").read_text(encoding="utf-8"))
-        tool = data.get("tool") or {}
-        hatch = ((tool.get("hatch") or {}).get("build") or {}).get("hooks") or {}
-        scm = tool.get("setuptools_scm") or {}
-        for rel in (
-            (hatch.get("vcs") or {}).get("version-file"),
-            scm.get("version_file"),
-            scm.get("write_to"),
-        ):
-            if isinstance(rel, str) and rel.endswith(".py"):
-                target = (checkout / rel).resolve()
-                if target.is_relative_to(checkout.resolve()) and not target.exists():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    parts = tuple(int(p) if p.isdigit() else p for p in version.split("."))
-                    target.write_text(
-                        f"__version__ = version = {version!r}\n"
-                        f"__version_tuple__ = version_tuple = {parts!r}\n"
-                    )
+    write_generated(into, version or "0.0.0")
 
 
 def _quote(text: str) -> str:
@@ -703,5 +806,7 @@ __all__ = [
     "change_of",
     "export",
     "is_test",
+    "other_pythons",
+    "python_bound",
     "validate",
 ]

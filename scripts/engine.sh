@@ -27,6 +27,29 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 mkdir -p "$ENGINE_DIR"
+
+# The docker tiers' seccomp profile is the engine's own default plus a few denials
+# (hybrid/workstation/docker/seccomp.py). Debian ships that default (moby's default.json) only in
+# the engine's source package golang-github-docker-docker-dev, whose dependencies are ~260 Go
+# source packages: take the one file, for the installed engine's version.
+SECCOMP="$ENGINE_DIR/docker-default-seccomp.json"
+SECCOMP_IN_DEB=./usr/share/gocode/src/github.com/docker/docker/profiles/seccomp/default.json
+ENGINE_VERSION="$(dpkg-query -W -f='${source:Version}' docker.io 2>/dev/null || true)"
+if [ -z "$ENGINE_VERSION" ]; then
+    [ -f "$SECCOMP" ] || log "warning: dockerd is not Debian's docker.io: set HYBRID_DOCKER_SECCOMP to its default seccomp profile (moby's default.json)"
+elif [ "$(cat "$SECCOMP.version" 2>/dev/null || true)" != "$ENGINE_VERSION" ] || [ ! -f "$SECCOMP" ]; then
+    log "extracting the engine's default seccomp profile (golang-github-docker-docker-dev $ENGINE_VERSION)"
+    debs="$(mktemp -d)"
+    chmod 0755 "$debs"  # apt-get download drops to the _apt user
+    fetch_dev() { (cd "$debs" && apt-get download -qq "golang-github-docker-docker-dev=$ENGINE_VERSION" >/dev/null 2>&1); }
+    fetch_dev || { apt-get update -qq && fetch_dev; }
+    dpkg-deb --fsys-tarfile "$debs"/golang-github-docker-docker-dev_*.deb | tar -xO "$SECCOMP_IN_DEB" > "$SECCOMP.new"
+    python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); assert p["defaultAction"] == "SCMP_ACT_ERRNO"' "$SECCOMP.new"
+    mv "$SECCOMP.new" "$SECCOMP"
+    echo "$ENGINE_VERSION" > "$SECCOMP.version"
+    rm -rf "$debs"
+fi
+
 RUNSC="$(command -v runsc)"
 # runsc must run with --network=none: this host cannot give it a network namespace of its own
 # ("cannot run with network enabled in root network namespace"); ptrace is the platform that works.

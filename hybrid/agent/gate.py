@@ -25,7 +25,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from hybrid.agent.applied import MODE_GITLINK, MODE_LINK, Change
-from hybrid.errors import InvalidDiff, InvalidInput
+from hybrid.errors import (
+    DependencyError,
+    InvalidDeclaration,
+    InvalidDiff,
+    InvalidInput,
+    PolicyViolation,
+)
 from hybrid.paths import display
 from hybrid.policy import Budget, SandboxSpec
 from hybrid.results import ExecutionResult, Termination
@@ -321,6 +327,7 @@ def gate(
     tests_may_change: bool = False,
     spec: SandboxSpec | None = None,
     image: str | None = None,
+    deps: bool | None = None,
     progress: Progress | None = None,
 ) -> GateReport:
     """Decide whether ``patch`` against ``repo`` is ready for human review; never merges.
@@ -329,6 +336,10 @@ def gate(
     the context graph relates to the touched files, as a second regression check.
     ``tests_may_change``: the patch may change the task's tests or the test machinery (it is
     not blocked for it), but the tests that run are still the task's.
+    The workstation holds the project as ``hybrid validate`` makes it (``hybrid.agent.project``):
+    ``deps`` installs its admitted dependencies offline from the cached layer (default: when the
+    repository declares any and the tier starts from an image); dependencies that cannot be
+    admitted or installed block, with the reason.
     """
     from hybrid.agent.testfiles import named_tests
 
@@ -365,10 +376,26 @@ def gate(
         else:
             checks.append(GateCheck(name="related tests", passed=True, detail="none found"))
     if judgement.applies:
-        say("workstation: copying the repository in")
-        with create_workstation(repo, spec or DEFAULT_SPEC, image) as ws:
-            say("applying the judged diff and running the tests")
-            checks += run_in(ws, judgement.tested_diff, commands, verify=True)
+        spec = spec or DEFAULT_SPEC
+        static = checks
+        # The image's Python can be what stops the tests (the runner the project pins does not
+        # run on it, or they use what it removed): as validate does, the other Pythons the
+        # engine holds are tried, unless the caller named the image.
+        for where in [image, *([] if image else _other_pythons())]:
+            say("workstation: installing the dependencies, copying the repository in")
+            try:
+                made = create_workstation(repo, spec, where, deps)
+            except (DependencyError, PolicyViolation, InvalidDeclaration) as exc:
+                detail = (
+                    f"the project's dependencies cannot be installed: {str(exc).splitlines()[0]}"
+                )
+                checks = [*static, GateCheck(name="environment", passed=False, detail=detail)]
+                break
+            with made as ws:
+                say("applying the judged diff and running the tests")
+                checks = static + run_in(ws, judgement.tested_diff, commands, verify=True)
+            if not _python_bound(checks):
+                break
         for check in checks:
             if check.name == "related tests" and check.result is not None:
                 check.detail += f" ({', '.join(tests)})"
@@ -382,11 +409,37 @@ def gate(
     )
 
 
-def create_workstation(repo: Path, spec: SandboxSpec, image: str | None = None) -> Any:
-    """The workstation the gate tests in: a fresh copy of ``repo`` (a context manager)."""
+def _other_pythons() -> list[str]:
+    from hybrid.validate import other_pythons
+
+    return other_pythons(None)
+
+
+def _python_bound(checks: list[GateCheck]) -> bool:
+    """Whether a test command failed because of the image's Python, not the patch."""
+    from hybrid.validate import python_bound
+
+    return any(
+        c.result is not None and not c.passed and python_bound(c.result.stdout + c.result.stderr)
+        for c in checks
+    )
+
+
+def create_workstation(
+    repo: Path, spec: SandboxSpec, image: str | None = None, deps: bool | None = None
+) -> Any:
+    """The workstation the gate tests in: a fresh copy of ``repo`` with the project as
+    validation makes it (its dependencies, generated files); a context manager."""
+    from hybrid.agent.project import DEPS_TIERS, declares_dependencies, project_workstation
     from hybrid.workstation import backend
 
-    return backend(spec.tier).create(spec, image=image, repo=repo)
+    if deps is None:
+        deps = spec.tier in DEPS_TIERS and declares_dependencies(repo)
+    elif deps and spec.tier not in DEPS_TIERS:
+        raise InvalidInput(
+            f"--deps needs a tier that starts from an image ({', '.join(DEPS_TIERS)})"
+        )
+    return project_workstation(backend(spec.tier), repo, spec, image=image, deps=deps)
 
 
 def related_tests(repo: Path, files: Sequence[str]) -> list[str]:

@@ -284,6 +284,12 @@ def solve_cmd(**o: Any) -> None:
     is_flag=True,
     help="The patch may change the task's tests (not blocked); the task's own still run.",
 )
+@click.option(
+    "--deps/--no-deps",
+    default=None,
+    help="Install the project's admitted dependencies offline (default: when it declares any).",
+)
+@click.option("--image", help="Workstation image (default the base image; the layer builds on it).")
 @click.option("--quiet", "-q", is_flag=True, help="No live progress.")
 @json_option
 def gate_cmd(
@@ -297,6 +303,8 @@ def gate_cmd(
     allow_lockfiles: bool,
     allow_dependencies: bool,
     tests_may_change: bool,
+    deps: bool | None,
+    image: str | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -323,6 +331,8 @@ def gate_cmd(
         allow_lockfiles=allow_lockfiles,
         allow_dependencies=allow_dependencies,
         tests_may_change=tests_may_change,
+        deps=deps,
+        image=image,
         progress=_progress(quiet),
     )
 

@@ -52,9 +52,11 @@ def validate_cmd(
     with its source change (FAIL_TO_PASS), and the tests that passed before still pass.
 
     Runs in a workstation at the parent with the dependencies installed offline. Exit 0 when it
-    validates, 1 when it does not (with the failure class: dependency, service, network, flaky,
-    passes_at_parent, other). When today's packages cannot run its tests at all, it tries again with them as of
-    the commit's date (--exclude-newer sets a date instead).
+    validates, 1 when it does not (with the failure class: dependency, interpreter, service,
+    network, flaky, passes_at_parent, other). When today's packages cannot run its tests at all,
+    it tries again with them as of the commit's date (--exclude-newer sets a date instead); when
+    the image's Python cannot (its pinned runner does not run on it, or the tests use what it
+    removed), on the other Python images the engine holds (hybrid image bootstrap --suite).
     """
     from hybrid.policy import SandboxSpec, enforce, for_workstation
     from hybrid.validate import validate

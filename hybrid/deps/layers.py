@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from hybrid.deps import store
+from hybrid.deps import npm_lock, store
 from hybrid.deps.models import Artifact, Manifest, Target
 from hybrid.errors import DependencyError, WorkstationNotFound
 from hybrid.paths import cache_dir
@@ -136,7 +136,7 @@ def manifest_of(key: str) -> Manifest | None:
 
 def target(image: str) -> Target:
     """The interpreter and platform of ``image``, asked once per image id (network off)."""
-    from hybrid.workstation.docker import client, translate
+    from hybrid.workstation.docker import client, seccomp, translate
 
     api = client().api
     with translate(f"inspect {image}"):
@@ -166,7 +166,7 @@ def target(image: str) -> Target:
             user=jobuser.USER,
             read_only=True,
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=seccomp.security_opt(),
             mem_limit="256m",
             pids_limit=32,
         )
@@ -188,7 +188,14 @@ def ensure(
     """The layer for ``manifest`` on ``image``: reused when present, else built (network off)."""
     from docker import errors
 
-    from hybrid.workstation.docker import LABEL_KIND, LABEL_MANAGED, LABEL_OWNER, client, translate
+    from hybrid.workstation.docker import (
+        LABEL_KIND,
+        LABEL_MANAGED,
+        LABEL_OWNER,
+        client,
+        seccomp,
+        translate,
+    )
     from hybrid.workstation.docker.labels import DEFAULT_USER, _owner
 
     api = client().api
@@ -220,7 +227,7 @@ def ensure(
                     runtime=runtime,
                     network_mode="none",
                     cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"],
+                    security_opt=seccomp.security_opt(),
                     pids_limit=pids,
                     mem_limit=memory,
                     memswap_limit=memory,
@@ -290,6 +297,9 @@ def _stage(manifest: Manifest, staging: Path) -> None:
             [artifact.model_copy(update={"filename": Path(artifact.filename).name})],
             staging / "node-project",
         )
+    if (staging / "node-project" / "package.json").is_file():
+        _without_root_scripts(staging / "node-project" / "package.json")
+    for artifact in project:  # once package.json is there too (a v1 lockfile's root entry)
         if Path(artifact.filename).name in ("package-lock.json", "npm-shrinkwrap.json"):
             _point_at_stage(staging / "node-project" / Path(artifact.filename).name, node)
     (staging / "python.txt").write_text("".join(f"{a.name}=={a.version}\n" for a in python))
@@ -318,6 +328,33 @@ def _stage(manifest: Manifest, staging: Path) -> None:
     staging.chmod(0o555)
 
 
+_ROOT_LIFECYCLE = (
+    "preinstall",
+    "install",
+    "postinstall",
+    "prepublish",
+    "preprepare",
+    "prepare",
+    "postprepare",
+)
+
+
+def _without_root_scripts(package_json: Path) -> None:
+    """The project's own install scripts left out of its staged package.json.
+
+    ``npm ci`` runs them in the install directory, which holds only package.json and the
+    lockfile, never the project: minimatch's ``prepare`` (tshy, a build of its src/) failed
+    there and the whole install with it. The dependencies' own install scripts still run.
+    """
+    data = json.loads(package_json.read_text(encoding="utf-8"))
+    scripts = data.get("scripts")
+    if not isinstance(scripts, dict) or not any(k in scripts for k in _ROOT_LIFECYCLE):
+        return
+    data["scripts"] = {k: v for k, v in scripts.items() if k not in _ROOT_LIFECYCLE}
+    package_json.chmod(0o644)
+    package_json.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
 def _point_at_stage(lockfile: Path, node: list[Artifact]) -> None:
     """Each locked package resolved from its admitted tarball (``file:``), integrity kept.
 
@@ -327,7 +364,10 @@ def _point_at_stage(lockfile: Path, node: list[Artifact]) -> None:
     for each package's metadata.)
     """
     files = {(a.name, a.version): a.filename for a in node}
-    data = json.loads(lockfile.read_text(encoding="utf-8"))
+    manifest = json.loads((lockfile.parent / "package.json").read_text(encoding="utf-8"))
+    original = json.loads(lockfile.read_text(encoding="utf-8"))
+    data = npm_lock.upgraded(original, manifest)
+    converted = data is not original  # a v1 tree: what npm would read from the tarballs
     for where, entry in (data.get("packages") or {}).items():
         if not where or not isinstance(entry, dict) or entry.get("link"):
             continue
@@ -335,6 +375,8 @@ def _point_at_stage(lockfile: Path, node: list[Artifact]) -> None:
         filename = files.get((str(name), str(entry.get("version"))))
         if filename:
             entry["resolved"] = f"file:{_STAGE}/node/{filename}"
+            if converted:
+                entry.update(npm_lock.tarball_details(lockfile.parent.parent / "node" / filename))
     data.pop("dependencies", None)  # the v1 tree: "packages" is what npm 7+ installs from
     lockfile.chmod(0o644)
     lockfile.write_text(json.dumps(data, indent=2), encoding="utf-8")

@@ -38,7 +38,7 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
-from hybrid.deps import files, released, screen, sdist, store
+from hybrid.deps import files, npm_lock, released, screen, sdist, store
 from hybrid.deps.models import Artifact, Declared, Manifest, Target
 from hybrid.errors import DependencyError, InvalidDeclaration, PolicyViolation
 from hybrid.paths import cache_dir
@@ -189,8 +189,9 @@ def _python(declared: Declared, target: Target, exclude_newer: datetime | None) 
         while True:
             (Path(work) / "requirements.txt").write_text("\n".join([*specs, *extra]) + "\n")
             links = [f"--find-links={link}" for link in [*_find_links(), str(stubs)]]
+            links = links if any(stubs.iterdir()) else []
             done = subprocess.run(
-                [*command, *(links if any(stubs.iterdir()) else [])],
+                [*command, *links],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -213,6 +214,10 @@ def _python(declared: Declared, target: Target, exclude_newer: datetime | None) 
                 _write_constraints(constraints, pins, bounds)
                 continue
             wanted = sdist.missing(done.stderr)
+            if wanted is None:
+                # A lockfile's pin with no wheel is a conflict to pip (the pin against "only
+                # binaries"), not a missing distribution: the same source fallback.
+                wanted = _wheelless_pin(command, done.stdout, declared.locked, sources, links)
             if wanted is None and own is not None:
                 # Nothing resolves around the project at that release (a version its files
                 # state ahead of what was published): resolve as if it were not installed.
@@ -283,6 +288,42 @@ def _too_new(
     chosen = {n: v for n, v in (_name_version(p.name) for p in out.iterdir()) if n in named}
     late = released.too_new(chosen, exclude_newer) if chosen else []
     return {name: released.bound(name, exclude_newer) or "" for name in late}
+
+
+def _wheelless_pin(
+    command: list[str],
+    output: str,
+    locked: dict[str, str],
+    sources: dict[str, sdist.Source],
+    links: list[str],
+) -> str | None:
+    """The locked pin in pip's conflict that has no wheel for the target (``name==version``),
+    or None: a conflict between wheels stays one."""
+    named = re.findall(r"The user requested \(constraint\) ([A-Za-z0-9._-]+)==(\S+)", output)
+    pins = [
+        (canonicalize_name(n), v)
+        for n, v in named
+        if locked.get(canonicalize_name(n)) == v and canonicalize_name(n) not in sources
+    ]
+    if not pins:
+        return None
+    # The same target and index as the resolution, one pin, nothing else.
+    probe = list(command)
+    for flag in ("-r", "-c"):
+        at = probe.index(flag)
+        del probe[at : at + 2]
+    with tempfile.TemporaryDirectory(prefix="hybrid-deps-probe-") as scratch:
+        probe[probe.index("--dest") + 1] = scratch
+        for name, version in pins:
+            done = subprocess.run(
+                [*probe, *links, "--no-deps", f"{name}=={version}"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0 and sdist.missing(done.stderr):
+                return f"{name}=={version}"
+    return None
 
 
 def _write_constraints(path: Path, pins: list[str], bounds: dict[str, str]) -> None:
@@ -363,6 +404,9 @@ def _node(repo: Path, declared: Declared) -> list[Artifact]:
         lockfile = json.loads(raw)
     except (ValueError, RecursionError):
         raise InvalidDeclaration(f"{files.shown(declared.node)}: not valid JSON") from None
+    if isinstance(lockfile, dict) and not lockfile.get("packages"):
+        # A v1 lockfile (npm 5-6) holds only the nested tree: screened in the v3 form it installs as.
+        lockfile = {"packages": npm_lock.packages(lockfile)}
     wanted, refused = screen.node_entries(lockfile, _npm_registries(npm), declared.node)
     if refused:
         raise PolicyViolation(refused)

@@ -143,6 +143,14 @@ class ContainerTier:
                 f"{detail}; the base image {BASE_IMAGE} is missing",
                 "hybrid image bootstrap (debootstrap from this machine's apt mirror, ~1 min), or pass --image",
             )
+        from hybrid.errors import EngineUnavailable
+        from hybrid.workstation.docker import seccomp
+
+        try:
+            args = ((info.get("Runtimes") or {}).get(self.runtime) or {}).get("runtimeArgs")
+            detail += f"; {seccomp.describe(self.runtime, args)}"
+        except EngineUnavailable as exc:
+            return Probe(False, f"{detail}; {exc}", ENGINE_SETUP)
         if deep:
             failure = _smoke(made, self.runtime, BASE_IMAGE)
             if failure:
@@ -264,6 +272,7 @@ def _owner() -> str:
 def _smoke(made: Any, runtime: str, image: str) -> str:
     """Run `true` hardened under ``runtime`` with a hard timeout (runsc can hang on a bad platform)."""
     from hybrid.workstation import jobuser
+    from hybrid.workstation.docker import seccomp
 
     outcome: dict[str, str] = {}
 
@@ -278,7 +287,7 @@ def _smoke(made: Any, runtime: str, image: str) -> str:
                 network_mode="none",
                 read_only=True,
                 cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
+                security_opt=seccomp.security_opt(),
                 labels={"hybrid.managed": "1", "hybrid.kind": "doctor", "hybrid.owner": _owner()},
             )
             container.start()

@@ -10,7 +10,13 @@ subordinate ranges from 100000 up to ``SUB_UID_MAX`` 600100000) and below 2^31, 
 mistakes them for negative numbers; ``holders()`` checks at run time that no account, group or
 subordinate range holds them, and the tiers refuse to start a job when one does.
 
-``HYBRID_JOB_UID`` / ``HYBRID_JOB_GID`` move them on a host where they are taken.
+The containers that serve a workstation without running its code (the egress relay and the proxy
+that enforces the allow-list, the holder of a namespace its services share) run as ``HELPER_UID``
+and ``HELPER_GID``: ids of their own, checked the same way. They used to run as 65534, the host's
+``nobody``, so any process running as ``nobody`` could read the proxy's environment and ptrace it.
+
+``HYBRID_JOB_UID`` / ``HYBRID_JOB_GID`` and ``HYBRID_HELPER_UID`` / ``HYBRID_HELPER_GID`` move
+them on a host where they are taken.
 """
 
 from __future__ import annotations
@@ -48,24 +54,37 @@ JOB_GID = _id("HYBRID_JOB_GID", JOB_UID)
 """The host gid every sandbox job runs as."""
 USER = f"{JOB_UID}:{JOB_GID}"
 """The same as a container engine's ``--user``."""
-
-_SUBORDINATE = (("/etc/subuid", "uid", JOB_UID), ("/etc/subgid", "gid", JOB_GID))
+HELPER_UID = _id("HYBRID_HELPER_UID", DEFAULT_ID + 1)
+"""The host uid of the egress relay and proxy and of namespace holders."""
+HELPER_GID = _id("HYBRID_HELPER_GID", HELPER_UID)
+"""The host gid of the same containers."""
+HELPER_USER = f"{HELPER_UID}:{HELPER_GID}"
+"""The same as a container engine's ``--user``."""
+if HELPER_UID == JOB_UID or HELPER_GID == JOB_GID:
+    # A job could then signal and trace the proxy that confines it, were they ever in one pid
+    # namespace (and read what the proxy's ids own).
+    _MISCONFIGURED.append(
+        f"the helpers' ids {HELPER_USER} share an id with the jobs' {USER}: set HYBRID_HELPER_UID "
+        "and HYBRID_HELPER_GID to other ids"
+    )
 
 
 def holders() -> list[str]:
-    """Every host account, group or subordinate id range that holds the job's uid or gid."""
+    """Every host account, group or subordinate id range that holds a job's or a helper's uid or
+    gid."""
     found = list(_MISCONFIGURED)
-    with contextlib.suppress(KeyError):
-        found.append(f"host user {pwd.getpwuid(JOB_UID).pw_name!r} has uid {JOB_UID}")
-    with contextlib.suppress(KeyError):
-        found.append(f"host group {grp.getgrgid(JOB_GID).gr_name!r} has gid {JOB_GID}")
-    for path, kind, value in _SUBORDINATE:
-        for owner, start, count in _ranges(Path(path)):
-            if start <= value < start + count:
-                found.append(
-                    f"{path} gives {owner!r} subordinate {kind}s {start}-{start + count - 1}, "
-                    f"which hold {value}"
-                )
+    for uid, gid in dict.fromkeys(((JOB_UID, JOB_GID), (HELPER_UID, HELPER_GID))):
+        with contextlib.suppress(KeyError):
+            found.append(f"host user {pwd.getpwuid(uid).pw_name!r} has uid {uid}")
+        with contextlib.suppress(KeyError):
+            found.append(f"host group {grp.getgrgid(gid).gr_name!r} has gid {gid}")
+        for path, kind, value in (("/etc/subuid", "uid", uid), ("/etc/subgid", "gid", gid)):
+            for owner, start, count in _ranges(Path(path)):
+                if start <= value < start + count:
+                    found.append(
+                        f"{path} gives {owner!r} subordinate {kind}s {start}-{start + count - 1}, "
+                        f"which hold {value}"
+                    )
     return found
 
 
@@ -74,9 +93,10 @@ def check() -> None:
     found = holders()
     if found:
         raise EngineUnavailable(
-            f"sandbox jobs run as uid {JOB_UID} gid {JOB_GID}, but {'; '.join(found)}: that "
-            "account could read the jobs' environment and trace them. Set HYBRID_JOB_UID and "
-            "HYBRID_JOB_GID to ids no host account has"
+            f"sandbox jobs run as uid {JOB_UID} gid {JOB_GID} (their helpers as uid {HELPER_UID} "
+            f"gid {HELPER_GID}), but {'; '.join(found)}: that account could read their "
+            "environment and trace them. Set HYBRID_JOB_UID and HYBRID_JOB_GID (HYBRID_HELPER_UID "
+            "and HYBRID_HELPER_GID) to ids no host account has"
         )
 
 
@@ -98,10 +118,13 @@ def refuse_host_ids(uid: int, gid: int, what: str) -> None:
 def describe() -> str:
     """One line for ``hybrid doctor``: the ids, and whether a host account holds them."""
     found = holders()
-    ids = f"sandbox jobs run as uid {JOB_UID} gid {JOB_GID}"
+    ids = (
+        f"sandbox jobs run as uid {JOB_UID} gid {JOB_GID}, egress proxies and namespace holders "
+        f"as uid {HELPER_UID} gid {HELPER_GID}"
+    )
     if found:
         return f"{ids}; REFUSED: {'; '.join(found)}"
-    return f"{ids}; no host account, group or subordinate range has them"
+    return f"{ids}; no host account, group or subordinate range has any of them"
 
 
 def _ranges(path: Path) -> list[tuple[str, int, int]]:
@@ -120,6 +143,9 @@ def _ranges(path: Path) -> list[tuple[str, int, int]]:
 
 __all__ = [
     "DEFAULT_ID",
+    "HELPER_GID",
+    "HELPER_UID",
+    "HELPER_USER",
     "JOB_GID",
     "JOB_UID",
     "USER",

@@ -118,3 +118,29 @@ def test_a_test_tool_that_needs_the_project_resolves_against_its_release(
         "print(pluggy.FROM_CHECKOUT, m.version('pluggy'), m.version('pytest'))"
     )
     assert _probe(engine, repo, probe) == ["True", "1.3.0", found["pytest"].version]
+
+
+def test_a_lockfile_pin_that_only_has_a_source_is_built_inside(engine, tmp_path: Path) -> None:
+    # uv.lock pins docopt at a release with no wheel: with the pin as a constraint pip reports a
+    # conflict (ResolutionImpossible), not a missing distribution (bidict's case).
+    from hybrid.deps import sdist
+
+    fetched = sdist.fetch("docopt==0.6.2", tmp_path)  # the index's archive, never built
+    digest = store.add(fetched.path)[0]
+    repo = tmp_path / "locked"
+    (repo / "src" / "locked_proj").mkdir(parents=True)
+    (repo / "src" / "locked_proj" / "__init__.py").write_text("VALUE = 7\n")
+    (repo / "pyproject.toml").write_text(
+        '[project]\nname = "locked-proj"\nversion = "1.0"\ndependencies = ["docopt"]\n'
+    )
+    (repo / "uv.lock").write_text(
+        "version = 1\n\n"
+        '[[package]]\nname = "docopt"\nversion = "0.6.2"\n'
+        'source = { registry = "https://pypi.org/simple" }\n'
+        f'sdist = {{ url = "https://example.invalid/docopt-0.6.2.tar.gz", hash = "sha256:{digest}" }}\n'
+        '\n[[package]]\nname = "locked-proj"\nversion = "1.0"\nsource = { editable = "." }\n'
+    )
+    manifest = deps.plan(repo)
+    assert "docopt-0.6.2.tar.gz" in {a.filename for a in manifest.artifacts}
+    probe = "import docopt, locked_proj; print(docopt.__version__, locked_proj.VALUE)"
+    assert _probe(engine, repo, probe) == ["0.6.2", "7"]

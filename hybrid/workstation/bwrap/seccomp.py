@@ -30,11 +30,11 @@ _ALLOW = 0x7FFF0000
 _KILL_PROCESS = 0x80000000
 _ERRNO = 0x00050000
 _NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0's low word: little endian)
-_AF_VSOCK = 40
+AF_VSOCK = 40
 # personality(2) values allowed, as in Docker's default profile: PER_LINUX, PER_LINUX32, UNAME26,
 # UNAME26|PER_LINUX32 and the query 0xffffffff. READ_IMPLIES_EXEC (0x0400000: every readable
 # mapping executable) and ADDR_NO_RANDOMIZE (0x0040000: no ASLR) fail with EPERM.
-_PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
+PERSONAS = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 
 _NAMESPACE_FLAGS = (
     0x00000080  # CLONE_NEWTIME
@@ -145,10 +145,10 @@ def program() -> bytes:
     code += [(_LD_W_ABS, 0, 0, _ARG0), (_JSET_K, "eperm", "pass", _NAMESPACE_FLAGS)]
     label("personality")  # only the personas Docker's default profile allows (and the query)
     code.append((_LD_W_ABS, 0, 0, _ARG0))
-    code += [(_JEQ_K, "pass", 0, persona) for persona in _PERSONAS]
+    code += [(_JEQ_K, "pass", 0, persona) for persona in PERSONAS]
     code.append((_JEQ_K, "eperm", "eperm", 0))
     label("socket")  # vsock reaches the host (or a VM) past every network namespace
-    code += [(_LD_W_ABS, 0, 0, _ARG0), (_JEQ_K, "eperm", "pass", _AF_VSOCK)]
+    code += [(_LD_W_ABS, 0, 0, _ARG0), (_JEQ_K, "eperm", "pass", AF_VSOCK)]
     label("pass")
     code.append((_RET_K, 0, 0, _ALLOW))
     label("eperm")

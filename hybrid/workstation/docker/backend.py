@@ -22,7 +22,7 @@ from hybrid.tiers.container import tier_of
 from hybrid.workstation import disk, jobuser, state
 from hybrid.workstation.base import GcReport, check_image, check_name
 from hybrid.workstation.baseline import Baseline
-from hybrid.workstation.docker import services
+from hybrid.workstation.docker import seccomp, services
 from hybrid.workstation.docker.egress import _EGRESS_LOG_SIZE, _EGRESS_USER
 from hybrid.workstation.docker.engine import client, translate
 from hybrid.workstation.docker.gc import _remove_volume, disk_gc, unlabelled_workspaces
@@ -93,6 +93,7 @@ class DockerBackend:
 
         check_image(image)
         jobuser.check()
+        seccomp.profile()  # no profile: refused before anything is made
         jobuser.refuse_host_ids(*_owner_ids(self.user), "a workstation of this backend")
         spec = spec or for_workstation(SandboxSpec(tier="docker"))
         runtime = runtime_for(spec)
@@ -265,7 +266,7 @@ class DockerBackend:
             LABEL_OWNER: labels[LABEL_OWNER],
             LABEL_PERSISTENT: labels[LABEL_PERSISTENT],
         }
-        uid, gid = _EGRESS_USER.split(":")
+        uid, gid = jobuser.HELPER_UID, jobuser.HELPER_GID
         volume = api.create_volume(
             f"hybrid-{name}-egress",
             driver="local",
@@ -284,7 +285,7 @@ class DockerBackend:
                 api.create_host_config(
                     read_only=True,
                     cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"],
+                    security_opt=seccomp.security_opt(),
                     init=True,
                     mounts=socket_dir,
                     restart_policy={"Name": "unless-stopped"},
@@ -341,7 +342,7 @@ class DockerBackend:
                 network_mode="host",
                 read_only=True,
                 cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
+                security_opt=seccomp.security_opt(),
                 pids_limit=16,
                 mem_limit=64 * 1024**2,
             ),
@@ -394,7 +395,7 @@ class DockerBackend:
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={tmp_size},mode=1777"},
             mounts=mounts,
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=seccomp.security_opt(),
             pids_limit=_host_pids(budget.pids, runtime),
             mem_limit=budget.memory,
             memswap_limit=budget.memory,
@@ -425,7 +426,7 @@ class DockerBackend:
                 # DAC_OVERRIDE: the image's /workspace may belong to another user already (one
                 # built for other ids), and root without it cannot write there.
                 cap_add=["CHOWN", "DAC_OVERRIDE"],
-                security_opt=["no-new-privileges"],
+                security_opt=seccomp.security_opt(),
                 mounts=[_workspace_mount(spec.workspace, volume)],
             ),
         )["Id"]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from docker import errors
 
 from hybrid.errors import WorkstationError
+from hybrid.workstation import jobuser
 from hybrid.workstation.docker.engine import client, translate
 from hybrid.workstation.egress import parse_events
 
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
     from hybrid.workstation.egress import EgressEvent
 
 
-# The egress relay and proxy run as nobody; the proxy's request log is capped at 2 x this.
-_EGRESS_USER = "65534:65534"
+# The egress relay and proxy run as ids no host account has (not nobody's: a host process running
+# as nobody could read the proxy's environment and trace it); its request log is capped at 2 x this.
+_EGRESS_USER = jobuser.HELPER_USER
 _EGRESS_LOG_SIZE = "1m"
 
 

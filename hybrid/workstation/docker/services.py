@@ -22,9 +22,10 @@ from docker.types import Mount as DockerMount
 
 from hybrid import shield
 from hybrid.errors import WorkstationError, WorkstationNotFound
-from hybrid.workstation import disk
+from hybrid.workstation import disk, jobuser
 from hybrid.workstation import services as kinds
 from hybrid.workstation.base import ServiceInfo
+from hybrid.workstation.docker import seccomp
 from hybrid.workstation.docker.engine import client, translate
 from hybrid.workstation.docker.gc import _remove_volume
 from hybrid.workstation.docker.labels import (
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from hybrid.workstation.base import GcReport
 
 SERVICE_REPOSITORY = "hybrid-service-snapshot"
-_HOLDER_USER = "65534:65534"
+_HOLDER_USER = jobuser.HELPER_USER  # not nobody's: no host account may signal or trace it
 _POLL = 0.1
 
 
@@ -87,7 +88,7 @@ def make_holder(labels: dict[str, str]) -> None:
             network_mode="none",
             read_only=True,
             cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+            security_opt=seccomp.security_opt(),
             init=True,
             pids_limit=8,
             mem_limit=32 * 1024**2,
@@ -145,7 +146,7 @@ def create_all(
                 tmpfs={"/tmp": tmp, "/run": tmp},
                 mounts=mounts,
                 cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
+                security_opt=seccomp.security_opt(),
                 pids_limit=service.pids,
                 mem_limit=service.memory,
                 memswap_limit=service.memory,
