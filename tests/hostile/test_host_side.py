@@ -689,6 +689,34 @@ def test_ws_up_deps(
     run.done().assert_contained()
 
 
+def test_ws_bwrap_copy(
+    host: Host, dirs: dict[str, Path], tmp_path: Path, bwrap_backend: Any
+) -> None:
+    """A bwrap workspace lives on the host with the repository's links carried as they are:
+    copying out and diffing must not follow them."""
+    repo = build_repo(host, tmp_path / "repo", Parts(decls=None, special=False))
+    run = Runner("ws up/cp/diff [bwrap]", host, dirs)
+    name = f"hostile-{secrets.token_hex(3)}"
+    try:
+        run.cli("ws", "up", name, "--tier", "bwrap", "--repo", str(repo), timeout=120)
+        for rel in HOSTILE_FILES[:7]:
+            out = tmp_path / "out"
+            run.cli("ws", "cp", f"{name}:{rel}", str(out), timeout=60)
+            if out.is_file():
+                run.verdict.output(out.read_text(errors="replace"), f"ws cp {rel}")
+                out.unlink()
+        run.cli("ws", "diff", name, timeout=60)
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "hybrid", "ws", "down", name],
+            env=run.env,
+            cwd=CHECKOUT,
+            capture_output=True,
+            timeout=120,
+        )
+    run.done().assert_contained()
+
+
 def test_validate(host: Host, dirs: dict[str, Path], tmp_path: Path, engine: Any) -> None:
     repo = build_repo(host, tmp_path / "repo", Parts(decls="pyproject"))
     run = Runner("validate", host, dirs, shared_cache=True)
