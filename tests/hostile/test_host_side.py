@@ -734,16 +734,10 @@ def test_gate(host: Host, dirs: dict[str, Path], tmp_path: Path, engine: Any) ->
     patch = tmp_path / "change.diff"
     patch.write_text(PATCH)
     run = Runner("gate", host, dirs, shared_cache=True)
-    run.cli(
-        "gate",
-        str(patch),
-        "--repo",
-        str(repo),
-        "--test",
-        "python3 -m pytest -q tests/test_shipping.py",
-        "-q",
-        timeout=400,
-    )
+    test = "python3 -m pytest -q tests/test_shipping.py"
+    # With the repository's dependencies (refused), then without: the tests run in a workstation.
+    for deps in ("--deps", "--no-deps"):
+        run.cli("gate", str(patch), "--repo", str(repo), "--test", test, deps, "-q", timeout=400)
     run.done().assert_contained()
 
 
