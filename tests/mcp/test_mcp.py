@@ -114,6 +114,20 @@ TOOLS = {
 MODES = ["legacy", "auto"]
 
 
+def http_client(url: str, **options: Any) -> Client:
+    """An SDK client of the HTTP server that sends its token (the server runs with this
+    session's state directory, so its token file is the one ``auth.token_path()`` names)."""
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    from hybrid.mcp import auth
+
+    token = auth.token_path().read_text().strip()
+    headers = {auth.HEADER: f"Bearer {token}"}
+    transport = streamable_http_client(url, http_client=create_mcp_http_client(headers=headers))
+    return Client(transport, **options)
+
+
 def stdio(*args: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable, args=server_argv(*args)[1:], env=server_env(), cwd=str(REPO)
@@ -312,7 +326,7 @@ def test_http_session_runs_python(http_server: tuple[str, Any]) -> None:
     url, _ = http_server
 
     async def session() -> None:
-        async with Client(url) as client:
+        async with http_client(url) as client:
             assert {t.name for t in (await client.list_tools()).tools} == TOOLS
             run = body(
                 await client.call_tool(
@@ -355,7 +369,7 @@ def test_workstation_create_exec_write_diff_destroy(
         logs.append(params)
 
     async def session() -> None:
-        async with Client(url, mode=mode, logging_callback=on_log, log_level="info") as client:
+        async with http_client(url, mode=mode, logging_callback=on_log, log_level="info") as client:
             info = body(await client.call_tool("ws_create", {"repo": "."}))
             name = info["name"]
             assert info["tier"] == "docker" and not info["persistent"]
@@ -394,7 +408,7 @@ def test_workstation_create_exec_write_diff_destroy(
 
                 if mode == "legacy":
                     # Another session cannot reach this one's workstation.
-                    async with Client(url, mode=mode) as other:
+                    async with http_client(url, mode=mode) as other:
                         hidden = error(await other.call_tool("ws_diff", {"workstation": name}))
                         assert hidden["type"] == "WorkstationNotFound"
             finally:
@@ -417,7 +431,7 @@ def test_gate_and_snapshot(engine: Any, http_server: tuple[str, Any]) -> None:
     test = "python3 -c 'from pkg.shipping import cost; assert cost(1) == 8.0'"
 
     async def session() -> None:
-        async with Client(url, mode="legacy") as client:
+        async with http_client(url, mode="legacy") as client:
             ready = body(
                 await client.call_tool("gate_patch", {"patch": patch, "repo": ".", "test": test})
             )
@@ -465,6 +479,12 @@ from mcp import Client, StdioServerParameters
 target = json.loads(sys.argv[1])
 if isinstance(target, dict):
     target = StdioServerParameters(**target)
+else:
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    from hybrid.mcp import auth
+    headers = {auth.HEADER: "Bearer " + auth.token_path().read_text().strip()}
+    target = streamable_http_client(target, http_client=create_mcp_http_client(headers=headers))
 
 async def main():
     async with Client(target, mode=sys.argv[2]) as client:
