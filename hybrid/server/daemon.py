@@ -335,6 +335,10 @@ class Daemon:
             workers = list(self.workers)
         for handle in workers:
             handle.send(op="stop")
+            if not handle.ready:
+                # Still warming up (a guest build can take minutes on a busy host): it serves
+                # nobody, so it ends now, cleaning up as a command interrupted by SIGTERM does.
+                handle.process.terminate()
         deadline = time.monotonic() + 30
         for handle in workers:
             try:

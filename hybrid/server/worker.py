@@ -455,7 +455,15 @@ def main() -> None:
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
     handoff = socket.socket(fileno=args.handoff_fd)
     started = time.monotonic()
-    warm()
+    from hybrid.cli import Terminated, _terminate
+
+    # The daemon ends a worker that is still warming up with SIGTERM: unwind (its guest build
+    # and the process building it stop, their files go) instead of dying on the spot.
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        warm()
+    except Terminated:
+        return
     from hybrid.server import pool
 
     pool.connect(control)
