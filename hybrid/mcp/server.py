@@ -402,8 +402,19 @@ async def _serve_http(
     if listener is None:
         listener = socket.create_server((host, port))
     local = listener.family == socket.AF_UNIX
+    security = None
+    if local:
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        # Clients name a Unix socket's server localhost, without a port.
+        security = TransportSecuritySettings(
+            allowed_hosts=["localhost", "localhost:*"],
+            allowed_origins=["http://localhost", "http://localhost:*"],
+        )
     app: Any = server.streamable_http_app(
-        session_idle_timeout=toolbox.workstations.idle_seconds, host=host
+        session_idle_timeout=toolbox.workstations.idle_seconds,
+        host=host,
+        transport_security=security,
     )
     if not local:
         if not token:

@@ -322,6 +322,91 @@ def test_http_binds_loopback_only(repo: Path) -> None:
     assert done.stderr.count("\n") == 1
 
 
+def _post_initialize(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """A raw initialize request (what any local process could send): status, headers, body."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "probe", "version": "0"},
+                },
+            }
+        ).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **headers,
+        },
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, dict(answer.headers), answer.read(4096)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_http_needs_the_token(http_server: tuple[str, Any]) -> None:
+    """Without `Authorization: Bearer <token>`, or with a wrong one, nothing reaches a tool."""
+    from hybrid.mcp import auth
+
+    url, _ = http_server
+    path = auth.token_path()
+    assert path.stat().st_mode & 0o777 == 0o600
+    token = path.read_text().strip()
+    for headers in ({}, {"Authorization": "Bearer " + "A" * len(token)}, {"Authorization": token}):
+        status, answered, text = _post_initialize(url, headers)
+        assert status == 401, (headers, status, text)
+        assert answered.get("www-authenticate", answered.get("WWW-Authenticate", "")).startswith(
+            "Bearer"
+        )
+        assert "Authorization: Bearer" in json.loads(text)["message"]
+    status, _, _ = _post_initialize(url, {"Authorization": f"Bearer {token}"})
+    assert status == 200
+
+
+def test_http_on_a_unix_socket_serves_its_user(repo: Path, tmp_path: Path) -> None:
+    """--unix-socket: a 0600 socket, no token; the SDK client reaches it through the socket."""
+    path = tmp_path / "mcp.sock"
+    proc = subprocess.Popen(
+        server_argv(
+            "--transport", "http", "--unix-socket", str(path), "--root", str(repo), "--json"
+        ),
+        env=server_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        shown = json.loads(proc.stdout.readline())
+        assert shown["unix_socket"] == str(path)
+        assert path.stat().st_mode & 0o777 == 0o600
+
+        async def session() -> None:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(path)))
+            async with Client(streamable_http_client(shown["url"], http_client=http)) as client:
+                mapped = body(await client.call_tool("repo_map", {"tokens": 256}))
+                assert mapped["files_total"] == 3
+
+        anyio.run(session)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def test_http_session_runs_python(http_server: tuple[str, Any]) -> None:
     url, _ = http_server
 
