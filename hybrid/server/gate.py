@@ -104,6 +104,7 @@ class Gate:
             for left in list(self.pending.values()):
                 self._drop(left)
             self.selector.close()
+            self.listener.close()
 
     def _accept(self) -> None:
         while True:

@@ -239,7 +239,7 @@ def test_the_servers_unix_sockets_refuse_another_user(
 
 
 def test_serve_tcp_refuses_another_user(stranger: tuple[int, int], server: Server) -> None:
-    token_file = server.info["token_file"]
+    token_file = str(Path(server.info["socket"]).with_suffix(".token"))
     found = as_stranger(stranger, _TCP_PROBE, server.info["tcp"], token_file)
     assert found["token file"] == "PermissionError", found
     for name in ("no token", "wrong token", "header first"):
@@ -255,18 +255,32 @@ def test_serve_tcp_refuses_another_user(stranger: tuple[int, int], server: Serve
 _HTTP_PROBE = """
 import json, sys, urllib.request, urllib.error
 url, token_file = sys.argv[1], sys.argv[2]
-body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                   "params": {"name": "context_pack", "arguments": {"task": "secret"}}}).encode()
+
+def post(message, headers):
+    request = urllib.request.Request(url, data=json.dumps(message).encode(), method="POST",
+        headers={"Content-Type": "application/json",
+                 "Accept": "application/json, text/event-stream", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, dict(answer.headers), answer.read(200000).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read(2000).decode(errors="replace")
+
 found = {}
 for name, headers in (("no token", {}), ("wrong token", {"Authorization": "Bearer " + "x" * 43})):
-    request = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": "2025-06-18", **headers})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            found[name] = [answer.status, answer.read(2000).decode(errors="replace")]
-    except urllib.error.HTTPError as exc:
-        found[name] = [exc.code, exc.read(2000).decode(errors="replace")]
+    # What an MCP client does: initialize, then call context_pack on the owner's repository.
+    status, answered, text = post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "stranger", "version": "0"}}}, headers)
+    found[name] = [status, text[:300]]
+    session = {k: v for k, v in answered.items() if k.lower() == "mcp-session-id"}
+    if status != 200:
+        continue
+    headers = {**headers, **session, "MCP-Protocol-Version": "2025-06-18"}
+    post({"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
+    status, _, text = post({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "context_pack", "arguments": {"task": "the TOKEN in secret.py"}}}, headers)
+    found[name].append(text[-3000:])
 try:
     open(token_file).read()
     found["token file"] = "read"
@@ -339,14 +353,20 @@ def test_mcp_http_refuses_another_user(stranger: tuple[int, int], tmp_path: Path
     repo = tmp_path / "private"
     repo.mkdir(mode=0o700)
     (repo / "secret.py").write_text("TOKEN = 'owner-only-7f3a'\n")
-    proc, shown = _mcp(root=repo)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    proc, shown = _mcp("--port", str(port), root=repo)
     try:
         _wait_listening(shown)
-        found = as_stranger(stranger, _HTTP_PROBE, shown["url"], shown["token_file"])
+        from hybrid.paths import runtime_dir
+
+        token_file = shown.get("token_file") or str(runtime_dir() / "mcp.token")
+        found = as_stranger(stranger, _HTTP_PROBE, shown["url"], token_file)
         assert found["token file"] == "PermissionError", found
         for name in ("no token", "wrong token"):
-            status, text = found[name]
-            assert status == 401 and "owner-only" not in text, found
+            assert found[name][0] == 401, found
+            assert "owner-only" not in json.dumps(found), found
         status, _, _ = _owner_call(shown)
         assert status == 200
     finally:
