@@ -112,6 +112,27 @@ def _keep_to_node_cpus() -> None:
             os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
+LOOPBACK_LAUNCH = (
+    "import ray._private.services as s; s.resolve_ip_for_localhost = lambda host: host; "
+    "from ray.scripts.scripts import main; main()"
+)
+"""``python -c`` source of a ``ray`` command that keeps 127.0.0.1 (see ``_loopback_kept``)."""
+
+
+@contextlib.contextmanager
+def _loopback_kept() -> Iterator[None]:
+    """Ray turns a loopback address into the machine's outward one before it connects; a
+    cluster on 127.0.0.1 (hybrid.raylocal) listens on loopback alone, so keep it as given."""
+    import ray._private.services as services
+
+    saved = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda host: host
+    try:
+        yield
+    finally:
+        services.resolve_ip_for_localhost = saved
+
+
 def _run_chunk(jobs: Sequence[Runnable]) -> tuple[str, list[Any]]:
     import ray
 
@@ -138,13 +159,14 @@ def connect(address: str) -> None:
     except OSError as exc:
         raise EngineUnavailable(f"no Ray cluster at {address}: {exc.strerror or exc}") from None
     try:
-        # On a loopback cluster (hybrid.raylocal) this process is on the head's address too;
-        # left to itself Ray would pick the machine's outward address.
-        node_ip = host if ipaddress.ip_address(host).is_loopback else None
+        loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
-        node_ip = None
+        loopback = host == "localhost"
+    node_ip = ("127.0.0.1" if host == "localhost" else host) if loopback else None
     try:
-        with _fault_handlers_kept():
+        # A loopback cluster (hybrid.raylocal) listens on loopback alone: this process joins it
+        # there, not from the machine's outward address Ray would pick.
+        with _fault_handlers_kept(), _loopback_kept() if loopback else contextlib.nullcontext():
             ray.init(
                 address=address,
                 logging_level=logging.WARNING,

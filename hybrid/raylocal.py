@@ -1,8 +1,15 @@
 """A Ray cluster of several node processes on this machine: for trying fan-out and for its tests.
 
-Node ``i`` is a real ``ray start`` node process (its own raylet, object store and workers)
-on the loopback address ``127.0.0.<i + 2>``: Ray turns 127.0.0.1 into the machine's own
-address, so each node gets another address of the loopback range and no traffic leaves it.
+Node ``i`` is a real ``ray start`` node process (its own raylet, object store and workers).
+Every node's address is 127.0.0.1, the one address for which Ray binds its GCS, raylets and
+workers to loopback instead of every interface (another address, even 127.0.0.2, and Ray
+listens on 0.0.0.0: anyone who reaches the machine could read and write the cluster's tables
+and run code in it, the class of CVE-2023-48022). Ray's command line turns 127.0.0.1 into the
+machine's outward address; the launcher below keeps it. Ray's own token authentication is on
+where the installed Ray has it (2.52 and later): the token lives in a 0600 file in the state
+directory (one per user, so a process that met one cluster can join the next: Ray's loader
+keeps the first token a process sees).
+
 ``close()`` ends exactly the processes of this cluster (by the temp directory their command
 lines name, and their children), never another Ray on the machine.
 """
@@ -21,14 +28,38 @@ import tempfile
 import time
 from pathlib import Path
 
+from hybrid import paths, tokens
 from hybrid.errors import EngineUnavailable
-from hybrid.fanout import NODE_CPUS
+from hybrid.fanout import LOOPBACK_LAUNCH, NODE_CPUS
 
 START_TIMEOUT = 180.0
 """Seconds one ``ray start`` may take on a loaded machine."""
 
 _CLOSE_WAIT = 10.0
 """Seconds ``close`` keeps killing until no process of the cluster is left."""
+
+NODE_IP = "127.0.0.1"
+"""Every node's address: the only one Ray binds to loopback alone (see the module docstring)."""
+
+TOKEN_AUTH_SINCE = (2, 52)
+"""The first Ray release with token authentication (RAY_AUTH_MODE=token)."""
+
+
+def token_auth_available() -> bool:
+    """Whether the installed Ray can authenticate its clients with a token."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("ray")
+    except PackageNotFoundError:
+        return False
+    numbers = tuple(int(p) for p in release.split(".")[:2] if p.isdigit())
+    return numbers >= TOKEN_AUTH_SINCE
+
+
+def token_path() -> Path:
+    """The user's token for local Ray clusters (0600 in the 0700 state directory)."""
+    return paths.state_dir("ray") / "auth_token"
 
 
 def _free_port() -> int:
@@ -60,17 +91,22 @@ class LocalCluster:
         self.nodes = nodes
         self.cpus = cpus
         # The authentication mode said outright: left to itself, Ray picks it per process from
-        # whether ~/.ray/auth_token exists (any local ray.init writes one), and a second node that
-        # finds the file cannot join a head that started without it. No token: this is a
-        # test and benchmark cluster on loopback node addresses, and a token would have to reach
-        # every client process (Ray's loader caches the first one a process sees).
+        # whether ~/.ray/auth_token exists, and a node that decides otherwise than the head
+        # cannot join it. Token mode reads the user's own token file (never ~/.ray's).
+        self.authenticated = token_auth_available()
+        """Whether the cluster asks every client for its token (Ray 2.52 and later)."""
         self.auth = {"RAY_AUTH_MODE": "disabled"}
+        if self.authenticated:
+            path = token_path()
+            tokens.kept(path)
+            self.auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
         """What a client of this cluster needs in its environment (``with`` sets it here)."""
         self.env = {**os.environ, **(env or {}), "RAY_USAGE_STATS_ENABLED": "0", **self.auth}
+        self.env.pop("RAY_AUTH_TOKEN", None)  # it would win over the token file
         self._saved: dict[str, str | None] = {}
         self.temp_dir = Path(tempfile.mkdtemp(prefix="hybrid-ray-", dir="/tmp"))
         self.port = _free_port()
-        self.address = f"{self.ip(0)}:{self.port}"
+        self.address = f"{NODE_IP}:{self.port}"
 
     def node_cpus(self, node: int) -> str:
         """The host CPUs node ``node`` stands for: ``cpus`` of them, dealt round robin."""
@@ -80,21 +116,17 @@ class LocalCluster:
         )
 
     @staticmethod
-    def ip(node: int) -> str:
-        return f"127.0.0.{node + 2}"
+    def name(node: int) -> str:
+        """Node ``node``'s name (its raylet's command line says it)."""
+        return f"hybrid-node{node}"
 
     def start(self) -> LocalCluster:
-        ray = [
-            sys.executable,
-            "-c",
-            "from ray.scripts.scripts import main; main()",
-            "start",
-            "--disable-usage-stats",
-        ]
+        ray = [sys.executable, "-c", LOOPBACK_LAUNCH, "start", "--disable-usage-stats"]
         try:
             for node in range(self.nodes):
                 common = [
-                    f"--node-ip-address={self.ip(node)}",
+                    f"--node-ip-address={NODE_IP}",
+                    f"--node-name={self.name(node)}",
                     f"--num-cpus={self.cpus}",
                     f"--resources={json.dumps({f'node{node}': 1})}",
                 ]
@@ -153,7 +185,7 @@ class LocalCluster:
         table = _processes()
         return {
             pid
-            for pid in self._mine(f"--node_ip_address={self.ip(node)} ")
+            for pid in self._mine(f"--node-name={self.name(node)} ")
             if table.get(pid, (0, ""))[1].split(" ", 1)[0].endswith("/raylet")
         }
 
@@ -193,8 +225,10 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         """Start the cluster and let this process (and what it starts) connect as a client."""
-        self._saved = {key: os.environ.get(key) for key in self.auth}
+        self._saved = {key: os.environ.get(key) for key in (*self.auth, "RAY_AUTH_TOKEN")}
+        os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.update(self.auth)
+        _reload_auth()
         try:
             return self.start()
         except BaseException:
@@ -211,3 +245,15 @@ class LocalCluster:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        _reload_auth()
+
+
+def _reload_auth() -> None:
+    """Have Ray, if this process imported it already, read the authentication settings again
+    (it reads RAY_AUTH_MODE and the token once and keeps them; ray.init does not look again)."""
+    if "ray" not in sys.modules:
+        return
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -115,12 +115,25 @@ PY
     has_runsc || log "warning: dockerd still has no runsc runtime; restart it with --config-file $CONFIG"
 fi
 
-if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+# An image built before jobs had their own ids (a host account's, 1000) is built again: its
+# account entry and /workspace belong to the old user.
+JOB_USER="$(python3 -c 'from hybrid.workstation.jobuser import USER; print(USER)' 2>/dev/null || true)"
+FORCE=()
+current() {
+    FORCE=()
+    docker image inspect "$1" >/dev/null 2>&1 || return 1
+    [ -z "$JOB_USER" ] && return 0
+    [ "$(docker image inspect --format '{{.Config.User}}' "$1")" = "$JOB_USER" ] && return 0
+    log "$1 was built for another job user: building it again"
+    FORCE=(--force)
+    return 1
+}
+if ! current "$IMAGE"; then
     log "building the base image $IMAGE (debootstrap, about a minute)"
     if command -v hybrid >/dev/null 2>&1; then
-        hybrid image bootstrap --tag "$IMAGE"
+        hybrid image bootstrap "${FORCE[@]}" --tag "$IMAGE"
     else
-        python3 -c "from hybrid.cli import main; main()" image bootstrap --tag "$IMAGE"
+        python3 -c "from hybrid.cli import main; main()" image bootstrap "${FORCE[@]}" --tag "$IMAGE"
     fi
 fi
 # Service images for [[services]] (from the base image and Debian packages; reused when present).
@@ -137,12 +150,12 @@ done
 # The node profile (base + Debian's nodejs and npm): Node projects install their lockfile
 # offline inside it (hybrid.deps, tests/workstation/test_deps_node.py, hybrid validate).
 NODE_IMAGE="${IMAGE}-node"
-if ! docker image inspect "$NODE_IMAGE" >/dev/null 2>&1; then
+if ! current "$NODE_IMAGE"; then
     log "building the node profile image $NODE_IMAGE (debootstrap + apt, a few minutes)"
     if command -v hybrid >/dev/null 2>&1; then
-        hybrid image bootstrap --profile node --tag "$NODE_IMAGE"
+        hybrid image bootstrap "${FORCE[@]}" --profile node --tag "$NODE_IMAGE"
     else
-        python3 -c "from hybrid.cli import main; main()" image bootstrap --profile node --tag "$NODE_IMAGE"
+        python3 -c "from hybrid.cli import main; main()" image bootstrap "${FORCE[@]}" --profile node --tag "$NODE_IMAGE"
     fi
 fi
 log "engine ready ($(docker version --format '{{.Server.Version}}'), images $IMAGE, $NODE_IMAGE)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,12 @@ def _loopback(host: str) -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True, help="HTTP: loopback address.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option(
+    "--unix-socket",
+    type=click.Path(path_type=Path),
+    help="HTTP: listen on this Unix socket instead of TCP (mode 0600; only this user may connect, "
+    "no token).",
+)
+@click.option(
     "--root",
     "roots",
     multiple=True,
@@ -62,6 +69,7 @@ def mcp_cmd(
     transport: str,
     host: str,
     port: int,
+    unix_socket: Path | None,
     roots: tuple[Path, ...],
     policy_file: Path | None,
     idle: float,
@@ -72,12 +80,19 @@ def mcp_cmd(
 
     Workstations a session creates are removed when it ends. Every call obeys --policy;
     path arguments must lie inside a --root.
+
+    Over HTTP on TCP every request must carry the header `Authorization: Bearer <token>`, the
+    token being the content of the file this command prints at start (mcp.token, mode 0600, in
+    the runtime directory: HYBRID_RUNTIME_DIR, else XDG_RUNTIME_DIR/hybrid, else the state
+    directory's run/); it is kept across restarts. A request without it gets 401. With
+    --unix-socket no token is needed: only this user can connect.
     """
     from hybrid.mcp import open_toolbox
 
-    if transport == "http" and not _loopback(host):
+    if transport == "http" and unix_socket is None and not _loopback(host):
         raise InvalidInput(
-            f"--host {host}: the HTTP transport has no authentication; bind it to a loopback address"
+            f"--host {host}: the HTTP transport is plain HTTP (its token would cross the network "
+            "in clear); bind it to a loopback address"
         )
     spec = SandboxSpec.from_toml(policy_file) if policy_file else None
     chosen = any(model[k] for k in _MODEL_KEYS)
@@ -94,11 +109,43 @@ def mcp_cmd(
             f"the MCP server needs the mcp package ({exc.name} is missing): "
             "pip install 'hybrid[mcp]'"
         ) from None
-    if transport == "http":
-        where = f"[{host}]" if ":" in host else host
-        url = f"http://{where}:{port}/mcp"
-        if as_json:
-            click.echo(json.dumps({"transport": "http", "url": url}))
+    if transport != "http":
+        serve(toolbox, "stdio")
+        return
+    from hybrid import tokens
+    from hybrid.mcp import auth
+
+    try:
+        if unix_socket is not None:
+            listener = auth.unix_listener(unix_socket)
         else:
-            click.echo(f"hybrid: MCP over HTTP at {url}", err=True)
-    serve(toolbox, "http" if transport == "http" else "stdio", host=host, port=port)
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.create_server((host.strip("[]"), port), family=family)
+    except OSError as exc:
+        where = unix_socket or f"{host}:{port}"
+        raise InvalidInput(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    token_file = None if unix_socket is not None else auth.token_path()
+    token = tokens.kept(token_file) if token_file is not None else None
+    if unix_socket is not None:
+        url = "http://localhost/mcp"
+        shown = {"transport": "http", "url": url, "unix_socket": str(unix_socket)}
+        said = f"hybrid: MCP over HTTP on the Unix socket {unix_socket} (this user only), {url}"
+    else:
+        bound = listener.getsockname()[1]
+        where = f"[{host}]" if ":" in host else host
+        url = f"http://{where}:{bound}/mcp"
+        shown = {
+            "transport": "http",
+            "url": url,
+            "token_file": str(token_file),
+            "header": auth.HEADER,
+        }
+        said = (
+            f"hybrid: MCP over HTTP at {url}; send '{auth.HEADER}: Bearer <token>' "
+            f"with the token in {token_file}"
+        )
+    if as_json:
+        click.echo(json.dumps(shown))
+    else:
+        click.echo(said, err=True)
+    serve(toolbox, "http", host=host, listener=listener, token=token)

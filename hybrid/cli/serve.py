@@ -52,7 +52,11 @@ from hybrid.errors import HybridError
 @click.option(
     "--tcp",
     metavar="HOST:PORT",
-    help="Also listen on TCP; clients need the token written next to the socket.",
+    help=(
+        "Also listen on TCP. Clients set HYBRID_SERVER_URL=tcp://HOST:PORT and "
+        "HYBRID_SERVER_TOKEN to the token in serve-*.token next to the socket (mode 0600; "
+        "`hybrid serve --status --json` names it); a connection without it never reaches a worker."
+    ),
 )
 @click.option("--detach", is_flag=True, help="Start in the background and wait until it answers.")
 @click.option("--status", is_flag=True, help="Show the running server for this configuration.")
@@ -123,7 +127,7 @@ def _wait_up(timeout: float = 300.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         answer = client.ask("status")
-        if answer is not None:
+        if answer is not None and answer.get("ready"):  # a worker can take a command
             return answer
         time.sleep(0.1)
     raise HybridError(
@@ -147,6 +151,8 @@ def _render(answer: dict[str, Any], stopped: bool) -> None:
         f"server {answer.get('pid')} on {answer.get('socket')}: {answer.get('workers')} workers, "
         f"{answer.get('commands')} commands, up {answer.get('uptime_s')} s"
     )
+    if answer.get("tcp"):
+        click.echo(f"  tcp {answer['tcp']}: token in {answer.get('token_file')}")
     pool = answer.get("pool")
     if pool:
         for key in pool.get("keys", []):

@@ -9,6 +9,7 @@ the gate and the loop) goes out as log notifications while the call runs.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import warnings
 from collections.abc import AsyncIterator, Callable
@@ -369,20 +370,60 @@ def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
+    listener: socket.socket | None = None,
+    token: str | None = None,
 ) -> None:
-    """Run the server until its client goes (stdio EOF) or it is stopped; removes what it made."""
+    """Run the server until its client goes (stdio EOF) or it is stopped; removes what it made.
+
+    HTTP serves on ``listener`` (else a new socket on ``host:port``): a TCP one only to requests
+    bearing ``token`` (auth.BearerAuth; ``token`` is required), a Unix one only to this user."""
     server = build_server(toolbox)
     try:
         if transport == "stdio":
             anyio.run(server.run_stdio_async)
         else:
-            anyio.run(
-                partial(
-                    server.run_streamable_http_async,
-                    host=host,
-                    port=port,
-                    session_idle_timeout=toolbox.workstations.idle_seconds,
-                )
-            )
+            anyio.run(partial(_serve_http, server, toolbox, host, port, listener, token))
     finally:
         toolbox.workstations.close()
+
+
+async def _serve_http(
+    server: MCPServer,
+    toolbox: Toolbox,
+    host: str,
+    port: int,
+    listener: socket.socket | None,
+    token: str | None,
+) -> None:
+    import uvicorn
+
+    from hybrid.mcp import auth
+
+    if listener is None:
+        listener = socket.create_server((host, port))
+    local = listener.family == socket.AF_UNIX
+    security = None
+    if local:
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        # Clients name a Unix socket's server localhost, without a port.
+        security = TransportSecuritySettings(
+            allowed_hosts=["localhost", "localhost:*"],
+            allowed_origins=["http://localhost", "http://localhost:*"],
+        )
+    app: Any = server.streamable_http_app(
+        session_idle_timeout=toolbox.workstations.idle_seconds,
+        host=host,
+        transport_security=security,
+    )
+    if not local:
+        if not token:
+            raise ValueError("an HTTP server on TCP needs a token")
+        app = auth.BearerAuth(app, token)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        http=auth.owner_only_protocol() if local else "auto",
+        timeout_keep_alive=5,
+    )
+    await uvicorn.Server(config).serve(sockets=[listener])

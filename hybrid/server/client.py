@@ -11,7 +11,9 @@ the same Click entry point on them. Every other command, ``--no-server`` as the 
 is done, for next time.
 
 ``HYBRID_SERVER_URL=tcp://HOST:PORT`` with ``HYBRID_SERVER_TOKEN`` reaches a server started
-with ``hybrid serve --tcp``: the streams are relayed in frames instead.
+with ``hybrid serve --tcp``: the streams are relayed in frames instead. Such a client waits at
+most ``HYBRID_SERVER_TIMEOUT`` seconds (default ``TIMEOUT``) for a worker to take it, then runs
+the command here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 NO_SERVER_FLAG = "--no-server"
+TIMEOUT = 30.0
+"""Seconds to connect, and over TCP to be taken by a worker (``HYBRID_SERVER_TIMEOUT``)."""
 _SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 
 
@@ -74,11 +78,13 @@ def forward(argv: list[str]) -> int | None:
         return None
     try:
         request: dict[str, Any] = {"op": "run", "argv": argv, "cwd": cwd, "env": dict(os.environ)}
-        if url:
-            request["stdio"] = "relay"
-            request["token"] = os.environ.get("HYBRID_SERVER_TOKEN", "")
+        reader = wire.Reader(sock)
         try:
             if url:
+                refused = _admitted(sock, reader, url)
+                if refused is not None:
+                    return refused
+                request["stdio"] = "relay"
                 wire.send_json(sock, wire.HEADER, request)
             else:
                 fds = _stdio()
@@ -86,6 +92,7 @@ def forward(argv: list[str]) -> int | None:
                 for fd in fds:
                     if fd > 2:
                         os.close(fd)
+            sock.settimeout(None)
         except OSError:
             return None  # the server went away before it took the command: run it here
         previous = _forward_signals(sock)
@@ -94,7 +101,7 @@ def forward(argv: list[str]) -> int | None:
 
             threading.Thread(target=_pump_stdin, args=(sock,), daemon=True).start()
         try:
-            return _wait(sock)
+            return _wait(sock, reader)
         finally:
             for signum, handler in previous.items():
                 _signal.signal(signum, handler)
@@ -102,10 +109,43 @@ def forward(argv: list[str]) -> int | None:
         sock.close()
 
 
-def _connect() -> _socket.socket:
+def _timeout() -> float:
+    try:
+        return float(os.environ.get("HYBRID_SERVER_TIMEOUT") or TIMEOUT)
+    except ValueError:
+        return TIMEOUT
+
+
+def _admitted(sock: _socket.socket, reader: wire.Reader, url: str) -> int | None:
+    """Over TCP: send the token and wait until a worker takes the connection (None), or the
+    server's refusal (its exit code). A timeout is an OSError: the command runs here, and as the
+    header was never sent, nothing runs on the server."""
+    wire.send(sock, wire.TOKEN, os.environ.get("HYBRID_SERVER_TOKEN", "").encode())
+    while True:
+        try:
+            frame = reader.frame()
+        except TimeoutError:
+            sys.stderr.write(
+                f"hybrid: the server at {url} did not take the command within "
+                f"{_timeout():.0f} s: running it here\n"
+            )
+            raise
+        if frame is None:
+            raise ConnectionError("the server closed the connection")
+        kind, payload = frame
+        if kind == wire.READY:
+            return None
+        if kind == wire.STDERR:
+            _write(2, payload)
+        elif kind == wire.EXIT:
+            return int(payload)
+
+
+def _connect(path: str | None = None) -> _socket.socket:
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.connect(wire.address(wire.socket_path()))
+        sock.settimeout(_timeout())
+        sock.connect(wire.address(path or wire.socket_path()))
     except BaseException:
         sock.close()
         raise
@@ -142,8 +182,7 @@ def _forward_signals(sock: _socket.socket) -> dict[int, Any]:
     return previous
 
 
-def _wait(sock: _socket.socket) -> int | None:
-    reader = wire.Reader(sock)
+def _wait(sock: _socket.socket, reader: wire.Reader) -> int | None:
     accepted = False
     while True:
         try:
@@ -180,9 +219,7 @@ def _tcp(url: str) -> _socket.socket:
     if not url.startswith("tcp://"):
         raise ValueError(f"HYBRID_SERVER_URL must be tcp://HOST:PORT, got {url!r}")
     host, _, port = url.removeprefix("tcp://").rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=5)
-    sock.settimeout(None)
-    return sock
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=_timeout())
 
 
 def _pump_stdin(sock: _socket.socket) -> None:
@@ -196,9 +233,11 @@ def _pump_stdin(sock: _socket.socket) -> None:
 
 
 def ask(op: str) -> dict[str, Any] | None:
-    """Send ``op`` (status, stop) to this configuration's server; its answer, or None."""
+    """Send ``op`` (status, stop) to this configuration's server; its answer, or None.
+
+    It goes to the daemon's control socket: a server whose workers are all busy still answers."""
     try:
-        sock = _connect()
+        sock = _connect(wire.control_path(wire.socket_path()))
     except (OSError, ValueError):
         return None
     try:

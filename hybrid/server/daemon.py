@@ -8,6 +8,10 @@ ends everything after ``idle_seconds`` without a command, on SIGTERM/SIGINT, on 
 
 Only one server runs per socket: it holds an exclusive lock on ``<socket>.lock`` for its whole
 life. A socket file without that lock is stale (a server was killed) and is replaced.
+
+``status`` and ``stop`` come to this process's own control socket (``<socket>.ctl``, same user
+only), so they are answered while every worker is busy. With ``--tcp`` this process also owns
+the TCP listener: ``gate.Gate`` checks each connection's token before any worker sees it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
 
     from hybrid.server.pool import SandboxPool
 
-from hybrid.server import wire
+from hybrid import tokens
+from hybrid.server import gate, wire
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,10 @@ class ServeConfig(BaseModel):
     """Container tiers whose default spec is pooled from the start (e.g. docker, gvisor)."""
     tcp: str | None = None
     """HOST:PORT to listen on besides the Unix socket (clients must send the token)."""
+
+
+CONTROL_SECONDS = 10.0
+"""Seconds a control connection (status, stop) has for its request."""
 
 
 def fingerprint() -> tuple[tuple[str, int, int], ...]:
@@ -98,17 +106,20 @@ class Daemon:
     def __init__(self, config: ServeConfig, path: Path) -> None:
         self.config = config
         self.path = path
-        self.token = secrets.token_urlsafe(24) if config.tcp else ""
         self.workers: list[_WorkerHandle] = []
         self.lock = threading.Lock()
         self.last_active = time.monotonic()
         self.stopping = threading.Event()
-        self.listeners: list[socket.socket] = []
+        self.listeners: list[socket.socket] = []  # what workers accept on
+        self.control: socket.socket | None = None
+        self.handoff, self.queue = gate.queue()
+        self.gate: gate.Gate | None = None
         self.pool: SandboxPool | None = None
         self.code = fingerprint()
         self.started = time.time()
         self.commands = 0
         self.tcp_address: str | None = None
+        self.token_file: Path | None = None
 
     # -- life ------------------------------------------------------------------------------
 
@@ -131,27 +142,77 @@ class Daemon:
             self._shutdown()
 
     def _listen(self) -> None:
-        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # stale: we hold the lock, so no server owns it
-        old = os.umask(0o177)
-        try:
-            unix.bind(wire.address(str(self.path)))
-        finally:
-            os.umask(old)
-        unix.listen(128)
-        self.listeners.append(unix)
+        self.listeners.append(self._unix(self.path))
+        self.control = self._unix(Path(wire.control_path(str(self.path))))
+        threading.Thread(target=self._answer_control, name="hybrid-control", daemon=True).start()
         if self.config.tcp:
             host, _, port = self.config.tcp.rpartition(":")
             tcp = socket.create_server((host or "127.0.0.1", int(port)), backlog=128)
-            self.listeners.append(tcp)
-            token_file = self.path.with_suffix(".token")
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(self.token + "\n")
+            self.token_file = self.path.with_suffix(".token")
+            token = tokens.issue(self.token_file)
+            self.gate = gate.Gate(tcp, token, self.handoff)
+            self.gate.start()
             bound = tcp.getsockname()
             self.tcp_address = f"{bound[0]}:{bound[1]}"
-            log.warning("listening on tcp %s:%s (token in %s)", bound[0], bound[1], token_file)
+            log.warning(
+                "listening on tcp %s (clients set HYBRID_SERVER_URL=tcp://%s and "
+                "HYBRID_SERVER_TOKEN to the token in %s)",
+                self.tcp_address,
+                self.tcp_address,
+                self.token_file,
+            )
+
+    @staticmethod
+    def _unix(path: Path) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # stale: we hold the lock, so no server owns it
+        old = os.umask(0o177)
+        try:
+            sock.bind(wire.address(str(path)))
+        finally:
+            os.umask(old)
+        sock.listen(128)
+        return sock
+
+    def _answer_control(self) -> None:
+        """status and stop, from this user only, on this process's own socket."""
+        assert self.control is not None
+        while True:
+            try:
+                conn, _ = self.control.accept()
+            except OSError:
+                return  # closed at shutdown
+            threading.Thread(
+                target=self._control_request,
+                args=(conn,),
+                name="hybrid-control-request",
+                daemon=True,
+            ).start()
+
+    def _control_request(self, conn: socket.socket) -> None:
+        with conn:
+            if wire.peer_uid(conn) != os.getuid():
+                return  # another user: not even an answer
+            reader = wire.Reader(conn)
+            try:
+                frame = reader.frame(time.monotonic() + CONTROL_SECONDS, limit=64 * 1024)
+                request = json.loads(frame[1]) if frame and frame[0] == wire.HEADER else None
+            except (OSError, ValueError, RecursionError):
+                request = None
+            finally:
+                for fd in reader.fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            op = request.get("op") if isinstance(request, dict) else None
+            if op not in ("status", "stop"):
+                return
+            answer = self.status()
+            if op == "stop":
+                self.stopping.set()
+            with contextlib.suppress(OSError):
+                conn.settimeout(CONTROL_SECONDS)
+                wire.send(conn, wire.REPLY, json.dumps(answer).encode())
 
     def _warm_tier(self, tier: str) -> None:
         from hybrid.policy import SandboxSpec
@@ -162,14 +223,12 @@ class Daemon:
 
     def _spawn(self) -> None:
         parent, child = socket.socketpair()
-        fds = [child.fileno(), *(s.fileno() for s in self.listeners)]
+        fds = [child.fileno(), self.queue.fileno(), *(s.fileno() for s in self.listeners)]
         argv = [sys.executable, "-P", "-m", "hybrid.server.worker", "--control-fd", str(fds[0])]
-        for fd in fds[1:]:
+        argv += ["--handoff-fd", str(fds[1])]
+        for fd in fds[2:]:
             argv += ["--listen-fd", str(fd)]
-        env = dict(os.environ)
-        if self.token:
-            env["HYBRID_SERVE_TOKEN"] = self.token
-        process = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, env=env, cwd="/")
+        process = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, cwd="/")
         child.close()
         handle = _WorkerHandle(process, parent)
         with self.lock:
@@ -226,9 +285,11 @@ class Daemon:
                 "uptime_s": round(time.time() - self.started, 1),
                 "commands": self.commands,
                 "workers": len(self.workers),
+                "ready": sum(w.ready for w in self.workers),
                 "busy": sum(w.busy for w in self.workers),
                 "idle_seconds": self.config.idle_seconds,
                 "tcp": self.tcp_address,
+                "token_file": str(self.token_file) if self.token_file else None,
                 "pool": self.pool.stats() if self.pool is not None else None,
             }
 
@@ -260,14 +321,24 @@ class Daemon:
 
     def _shutdown(self) -> None:
         # New clients find no socket (and start a new server); queued ones are still served.
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.with_suffix(".token").unlink()
+        for made in (self.path, Path(wire.control_path(str(self.path))), self.token_file):
+            if made is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    made.unlink()
+        if self.gate is not None:
+            self.gate.close()
+        if self.control is not None:
+            with contextlib.suppress(OSError):
+                self.control.shutdown(socket.SHUT_RDWR)  # ends the accept in _answer_control
+            self.control.close()
         with self.lock:
             workers = list(self.workers)
         for handle in workers:
             handle.send(op="stop")
+            if not handle.ready:
+                # Still warming up (a guest build can take minutes on a busy host): it serves
+                # nobody, so it ends now, cleaning up as a command interrupted by SIGTERM does.
+                handle.process.terminate()
         deadline = time.monotonic() + 30
         for handle in workers:
             try:
@@ -277,6 +348,8 @@ class Daemon:
                 handle.process.wait()
         for listener in self.listeners:
             listener.close()
+        self.handoff.close()
+        self.queue.close()
         if self.pool is not None:
             self.pool.close()
 

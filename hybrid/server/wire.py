@@ -5,10 +5,15 @@ A frame is one type byte, a 4-byte big-endian length and the payload. A request 
 SCM_RIGHTS descriptors on a Unix socket, so the command writes straight to them (a terminal
 stays a terminal, output streams, a pipe's reader sees EOF when the command ends). Over TCP no
 descriptor can travel: the header says ``relay`` and the streams go as ``I``/``O``/``E``
-frames (an empty ``I`` frame is stdin's EOF). The server answers ``A`` when it takes the
+frames (an empty ``I`` frame is stdin's EOF), and before anything else the client sends a ``T``
+frame with the server's token: the daemon checks it (within ``AUTH_SECONDS`` for the whole
+frame) before the connection reaches a worker, and the worker that takes it says ``W`` before
+the client sends its header (a client that gave up waiting has closed the connection by then,
+so nothing runs twice). The server answers ``A`` when it takes the
 command (a connection closed before that never ran anything, so the client may run it
 itself), the client may send ``S`` (a signal number) at any time, and the server ends with
-``X`` (the exit code, in decimal) or, for ``status`` and ``stop``, ``R`` (JSON).
+``X`` (the exit code, in decimal) or, for ``status`` and ``stop``, ``R`` (JSON). ``status``
+and ``stop`` go to the daemon's own control socket (``control_path``), which no busy worker holds.
 
 The client's side imports no json, hashlib, re, enum, struct, or even ``socket`` and ``signal``
 (both load ``enum``: 11 ms of a 60 ms command on a slow host): its start-up is most of a warm
@@ -25,6 +30,7 @@ from __future__ import annotations
 import _socket
 import os
 import sys
+from time import monotonic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
 FORWARDED = ("run", "check", "py", "map", "context", "skeleton")
 """Commands a client sends to the server (every other command runs in the client's process)."""
 
-HEADER, ACCEPTED, STDIN, STDOUT, STDERR, SIGNAL, EXIT, REPLY = (
+HEADER, ACCEPTED, STDIN, STDOUT, STDERR, SIGNAL, EXIT, REPLY, TOKEN, READY = (
     b"H",
     b"A",
     b"I",
@@ -42,9 +48,23 @@ HEADER, ACCEPTED, STDIN, STDOUT, STDERR, SIGNAL, EXIT, REPLY = (
     b"S",
     b"X",
     b"R",
+    b"T",
+    b"W",
 )
 MAX_FRAME = 64 * 1024**2
-"""The largest frame either side accepts (a header with a big environment stays far below)."""
+"""The largest frame either side accepts."""
+
+MAX_HEADER = 4 * 1024**2
+"""The largest request header (argv and environment: Linux caps both together at 2 MiB)."""
+
+MAX_TOKEN = 256
+"""The largest token frame's payload."""
+
+HEADER_SECONDS = 10.0
+"""Seconds a connection has to send its whole header (not per byte: a trickle is cut off)."""
+
+AUTH_SECONDS = 5.0
+"""Seconds a TCP connection has to send its whole token frame."""
 
 NOT_CONFIG = frozenset({"HYBRID_NO_SERVER", "HYBRID_SERVER_URL", "HYBRID_SERVER_TOKEN"})
 """HYBRID_* variables that choose how a command reaches the server, not what it does."""
@@ -107,6 +127,11 @@ def runtime_path() -> str:
 def socket_path() -> str:
     """The Unix socket of the server for this process's configuration."""
     return os.path.join(runtime_path(), f"serve-{config_key()}.sock")
+
+
+def control_path(path: str) -> str:
+    """The daemon's control socket (status, stop) beside the server's socket ``path``."""
+    return path.removesuffix(".sock") + ".ctl"
 
 
 def address(path: str) -> str:
@@ -177,10 +202,17 @@ class Reader:
         self.buffer = b""
         self.fds: list[int] = []
 
-    def _fill(self, need: int) -> bool:
+    def _fill(self, need: int, deadline: float | None) -> bool:
         while len(self.buffer) < need:
+            if deadline is not None:
+                left = deadline - monotonic()
+                if left <= 0:
+                    raise TimeoutError("the peer was too slow")
+                self.sock.settimeout(left)
             if self.sock.family == _socket.AF_UNIX:
-                data, ancillary, _flags, _address = self.sock.recvmsg(65536, _RIGHTS_SPACE)
+                data, ancillary, _flags, _address = self.sock.recvmsg(
+                    65536, _RIGHTS_SPACE, _socket.MSG_CMSG_CLOEXEC
+                )
                 for level, kind, rights in ancillary:
                     if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
                         whole = len(rights) - len(rights) % 4  # a truncated one is no descriptor
@@ -195,14 +227,20 @@ class Reader:
             self.buffer += data
         return True
 
-    def frame(self) -> tuple[bytes, bytes] | None:
-        """The next (type, payload), or None at end of stream."""
-        if not self._fill(5):
+    def frame(
+        self, deadline: float | None = None, limit: int = MAX_FRAME
+    ) -> tuple[bytes, bytes] | None:
+        """The next (type, payload), or None at end of stream.
+
+        With ``deadline`` (a ``time.monotonic`` value) the whole frame must arrive by then
+        (TimeoutError otherwise, and the socket keeps a timeout: the caller resets it); a frame
+        longer than ``limit`` is a ValueError before its payload is read."""
+        if not self._fill(5, deadline):
             return None
         kind, size = self.buffer[:1], int.from_bytes(self.buffer[1:5], "big")
-        if size > MAX_FRAME:
+        if size > limit:
             raise ValueError(f"frame of {size} bytes")
-        if not self._fill(5 + size):
+        if not self._fill(5 + size, deadline):
             return None
         payload = self.buffer[5 : 5 + size]
         self.buffer = self.buffer[5 + size :]

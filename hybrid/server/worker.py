@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hmac
 import io
 import json
 import os
@@ -29,10 +28,7 @@ import threading
 import time
 from typing import Any
 
-from hybrid.server import wire
-
-HEADER_TIMEOUT = 10.0
-"""Seconds a connection may take to send its request before the worker drops it."""
+from hybrid.server import gate, wire
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -103,12 +99,15 @@ class Control:
 
 
 class Worker:
-    """Serves connections from the listening sockets it was given, one at a time."""
+    """Serves connections, one at a time: from the Unix socket (this user's, checked by
+    SO_PEERCRED) and from the daemon's queue of TCP connections whose token it has checked."""
 
-    def __init__(self, listeners: list[socket.socket], control: Control, token: str) -> None:
+    def __init__(
+        self, listeners: list[socket.socket], handoff: socket.socket, control: Control
+    ) -> None:
         self.listeners = listeners
+        self.handoff = handoff
         self.control = control
-        self.token = token
         self.main_thread = threading.main_thread().ident
         self.lock = threading.Lock()
         self.running = False
@@ -123,7 +122,7 @@ class Worker:
 
     def serve(self) -> None:
         selector = selectors.DefaultSelector()
-        for listener in self.listeners:
+        for listener in (*self.listeners, self.handoff):
             listener.setblocking(False)
             selector.register(listener, selectors.EVENT_READ)
         while not (self.control.gone or self.control.stopping or self.interrupted):
@@ -132,47 +131,51 @@ class Worker:
                 break
         if self.control.stopping and not self.interrupted:
             # The socket is gone already; whoever connected before that is still answered.
-            for listener in self.listeners:
+            for listener in (*self.listeners, self.handoff):
                 while self._accept(listener):
                     pass
 
     def _accept(self, listener: socket.socket) -> bool:
-        try:
-            conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return False  # another worker took it
+        relayed = listener is self.handoff
+        if relayed:
+            conn = gate.take(listener)
+            if conn is None:
+                return False
+        else:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return False  # another worker took it
         with conn:
             self.control.tell(op="busy")
             try:
-                self.handle(conn)
-            except (OSError, ValueError):
-                pass  # a client that went away or spoke nonsense costs only its connection
+                # A client that went away or spoke nonsense costs its connection, never the worker.
+                with contextlib.suppress(Exception):
+                    self.handle(conn, relayed)
             finally:
                 self.control.tell(op="idle", retire=self.interrupted)
         return True
 
-    def handle(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket, relayed: bool = False) -> None:
+        """One connection: a Unix one from this user, or a TCP one the daemon authenticated."""
         conn.setblocking(True)
-        if conn.family == socket.AF_UNIX and wire.peer_uid(conn) != os.getuid():
+        if not relayed and wire.peer_uid(conn) != os.getuid():
             return  # another user: not even an answer
-        conn.settimeout(HEADER_TIMEOUT)
+        if relayed:
+            wire.send(conn, wire.READY)  # a client still waiting sends its header now
         reader = wire.Reader(conn)
         try:
-            frame = reader.frame()
+            frame = reader.frame(time.monotonic() + wire.HEADER_SECONDS, limit=wire.MAX_HEADER)
         except (OSError, ValueError):
             frame = None
+        conn.settimeout(None)
         if frame is None or frame[0] != wire.HEADER:
             self._close_fds(reader.fds)
             return
-        conn.settimeout(None)
-        request = json.loads(frame[1])
-        if not isinstance(request, dict):
-            raise ValueError("a request is a JSON object")
-        if conn.family != socket.AF_UNIX and not (
-            self.token and hmac.compare_digest(str(request.get("token", "")), self.token)
-        ):
+        request = _request(frame[1])
+        if request is None:
             self._close_fds(reader.fds)
-            _refuse(conn, "bad token", 77)
+            _refuse(conn, "malformed request", 2)
             return
         op = request.get("op", "run")
         if op != "run":
@@ -183,7 +186,7 @@ class Worker:
             reply = {"pid": os.getppid(), **(answer or {})}
             wire.send(conn, wire.REPLY, json.dumps(reply).encode())
             return
-        argv = [str(a) for a in request.get("argv", [])]
+        argv = request["argv"]
         if not argv or argv[0] not in wire.FORWARDED:
             self._close_fds(reader.fds)
             _refuse(conn, "not a forwarded command", 2)
@@ -220,7 +223,7 @@ class Worker:
             self._write_err(conn, relay, reader, message)
             return 2
         os.environ.clear()
-        os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+        os.environ.update(request["env"])
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         self._close_fds(fds)
@@ -277,9 +280,10 @@ class Worker:
                 return
             kind, payload = frame
             if kind == wire.SIGNAL:
-                number = int(json.loads(payload))
-                if number in SIGNALS:
-                    self._signal(job, number)
+                with contextlib.suppress(ValueError):
+                    number = int(payload)
+                    if number in SIGNALS:
+                        self._signal(job, number)
             elif kind == wire.STDIN and stdin_w is not None:
                 if not payload:
                     os.close(stdin_w)
@@ -362,6 +366,25 @@ class Worker:
                 os.close(fd)
 
 
+def _request(payload: bytes) -> dict[str, Any] | None:
+    """The header as a request, or None when it is not one (bad JSON, nesting too deep for the
+    parser, fields of the wrong type): a peer's nonsense must never end the worker."""
+    try:
+        request = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(request, dict) or not isinstance(request.get("op", "run"), str):
+        return None
+    argv, env = request.get("argv", []), request.get("env") or {}
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return None
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        return None
+    if not isinstance(request.get("cwd") or "", str):
+        return None
+    return {**request, "argv": argv, "env": env}
+
+
 def _refuse(conn: socket.socket, why: str, code: int) -> None:
     wire.send(conn, wire.STDERR, f"hybrid: error: server: {why}\n".encode())
     wire.send(conn, wire.EXIT, str(code).encode())
@@ -424,19 +447,28 @@ def _keep_availability() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="hybrid-server-worker")
     parser.add_argument("--listen-fd", type=int, action="append", default=[])
+    parser.add_argument("--handoff-fd", type=int, required=True)
     parser.add_argument("--control-fd", type=int, required=True)
     args = parser.parse_args()
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    token = os.environ.pop("HYBRID_SERVE_TOKEN", "")
     control = Control(socket.socket(fileno=args.control_fd))
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
+    handoff = socket.socket(fileno=args.handoff_fd)
     started = time.monotonic()
-    warm()
+    from hybrid.cli import Terminated, _terminate
+
+    # The daemon ends a worker that is still warming up with SIGTERM: unwind (its guest build
+    # and the process building it stop, their files go) instead of dying on the spot.
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        warm()
+    except Terminated:
+        return
     from hybrid.server import pool
 
     pool.connect(control)
     control.tell(op="ready", warm_ms=round((time.monotonic() - started) * 1000, 1))
-    worker = Worker(listeners, control, token)
+    worker = Worker(listeners, handoff, control)
     # KeyboardInterrupt: the daemon's SIGTERM between commands (hybrid.cli.Terminated).
     with contextlib.suppress(KeyboardInterrupt):
         worker.serve()

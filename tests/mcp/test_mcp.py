@@ -114,6 +114,20 @@ TOOLS = {
 MODES = ["legacy", "auto"]
 
 
+def http_client(url: str, **options: Any) -> Client:
+    """An SDK client of the HTTP server that sends its token (the server runs with this
+    session's state directory, so its token file is the one ``auth.token_path()`` names)."""
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    from hybrid.mcp import auth
+
+    token = auth.token_path().read_text().strip()
+    headers = {auth.HEADER: f"Bearer {token}"}
+    transport = streamable_http_client(url, http_client=create_mcp_http_client(headers=headers))
+    return Client(transport, **options)
+
+
 def stdio(*args: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable, args=server_argv(*args)[1:], env=server_env(), cwd=str(REPO)
@@ -308,11 +322,96 @@ def test_http_binds_loopback_only(repo: Path) -> None:
     assert done.stderr.count("\n") == 1
 
 
+def _post_initialize(url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """A raw initialize request (what any local process could send): status, headers, body."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "probe", "version": "0"},
+                },
+            }
+        ).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            **headers,
+        },
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, dict(answer.headers), answer.read(4096)
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_http_needs_the_token(http_server: tuple[str, Any]) -> None:
+    """Without `Authorization: Bearer <token>`, or with a wrong one, nothing reaches a tool."""
+    from hybrid.mcp import auth
+
+    url, _ = http_server
+    path = auth.token_path()
+    assert path.stat().st_mode & 0o777 == 0o600
+    token = path.read_text().strip()
+    for headers in ({}, {"Authorization": "Bearer " + "A" * len(token)}, {"Authorization": token}):
+        status, answered, text = _post_initialize(url, headers)
+        assert status == 401, (headers, status, text)
+        assert answered.get("www-authenticate", answered.get("WWW-Authenticate", "")).startswith(
+            "Bearer"
+        )
+        assert "Authorization: Bearer" in json.loads(text)["message"]
+    status, _, _ = _post_initialize(url, {"Authorization": f"Bearer {token}"})
+    assert status == 200
+
+
+def test_http_on_a_unix_socket_serves_its_user(repo: Path, tmp_path: Path) -> None:
+    """--unix-socket: a 0600 socket, no token; the SDK client reaches it through the socket."""
+    path = tmp_path / "mcp.sock"
+    proc = subprocess.Popen(
+        server_argv(
+            "--transport", "http", "--unix-socket", str(path), "--root", str(repo), "--json"
+        ),
+        env=server_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        shown = json.loads(proc.stdout.readline())
+        assert shown["unix_socket"] == str(path)
+        assert path.stat().st_mode & 0o777 == 0o600
+
+        async def session() -> None:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(uds=str(path)))
+            async with Client(streamable_http_client(shown["url"], http_client=http)) as client:
+                mapped = body(await client.call_tool("repo_map", {"tokens": 256}))
+                assert mapped["files_total"] == 3
+
+        anyio.run(session)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 def test_http_session_runs_python(http_server: tuple[str, Any]) -> None:
     url, _ = http_server
 
     async def session() -> None:
-        async with Client(url) as client:
+        async with http_client(url) as client:
             assert {t.name for t in (await client.list_tools()).tools} == TOOLS
             run = body(
                 await client.call_tool(
@@ -355,7 +454,7 @@ def test_workstation_create_exec_write_diff_destroy(
         logs.append(params)
 
     async def session() -> None:
-        async with Client(url, mode=mode, logging_callback=on_log, log_level="info") as client:
+        async with http_client(url, mode=mode, logging_callback=on_log, log_level="info") as client:
             info = body(await client.call_tool("ws_create", {"repo": "."}))
             name = info["name"]
             assert info["tier"] == "docker" and not info["persistent"]
@@ -394,7 +493,7 @@ def test_workstation_create_exec_write_diff_destroy(
 
                 if mode == "legacy":
                     # Another session cannot reach this one's workstation.
-                    async with Client(url, mode=mode) as other:
+                    async with http_client(url, mode=mode) as other:
                         hidden = error(await other.call_tool("ws_diff", {"workstation": name}))
                         assert hidden["type"] == "WorkstationNotFound"
             finally:
@@ -417,7 +516,7 @@ def test_gate_and_snapshot(engine: Any, http_server: tuple[str, Any]) -> None:
     test = "python3 -c 'from pkg.shipping import cost; assert cost(1) == 8.0'"
 
     async def session() -> None:
-        async with Client(url, mode="legacy") as client:
+        async with http_client(url, mode="legacy") as client:
             ready = body(
                 await client.call_tool("gate_patch", {"patch": patch, "repo": ".", "test": test})
             )
@@ -470,6 +569,12 @@ from mcp import Client, StdioServerParameters
 target = json.loads(sys.argv[1])
 if isinstance(target, dict):
     target = StdioServerParameters(**target)
+else:
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    from hybrid.mcp import auth
+    headers = {auth.HEADER: "Bearer " + auth.token_path().read_text().strip()}
+    target = streamable_http_client(target, http_client=create_mcp_http_client(headers=headers))
 
 async def main():
     async with Client(target, mode=sys.argv[2]) as client:

@@ -1,18 +1,24 @@
 """The server's life: only its own user is served, a stale socket is replaced, it exits when
-idle, it serves clients in parallel, it starts on first use, and TCP needs the token."""
+idle, it serves clients in parallel, it starts on first use, and TCP needs the token; clients
+without it hold no worker, a malformed header costs only its connection, --stop works while
+every worker is busy, and a server stopped while warming up leaves no partial guest build."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import select
 import signal
+import socket
+import struct
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from server_kit import Server, gone, normal, wait_for
+from server_kit import CLIENT, Server, gone, normal, wait_for
 
 from hybrid.server import wire
 
@@ -209,3 +215,174 @@ def test_a_directory_of_another_user_is_refused(
     monkeypatch.setenv("HYBRID_RUNTIME_DIR", str(theirs))
     with pytest.raises(PermissionError):
         wire.runtime_path()
+
+
+def _frame(kind: bytes, payload: bytes) -> bytes:
+    return kind + struct.pack(">I", len(payload)) + payload
+
+
+def _worker_pids(made: Server) -> list[int]:
+    return sorted(made.pids()[1:])
+
+
+def test_tcp_clients_without_the_token_hold_no_worker(tmp_path: Path) -> None:
+    """Two peers that trickle a byte every half second never reach the only worker: a client
+    with the token and a local one are both served at once, and the trickle is cut off."""
+    made = _fresh(tmp_path, "--idle", "120", "--pool-size", "0", "--workers", "1")
+    made.options += ("--max-workers", "1", "--tcp", "127.0.0.1:0")
+    made.start()
+    stop = threading.Event()
+    host, port = made.info["tcp"].rsplit(":", 1)
+    squatters = [socket.create_connection((host, int(port))) for _ in range(2)]
+    heard: dict[int, bytes] = {}
+
+    def trickle(index: int, sock: socket.socket) -> None:
+        # A token frame that would take 100 s to arrive, a byte every half second, until the
+        # server says something.
+        for byte in _frame(b"T", b"x" * 200):
+            if stop.is_set():
+                return
+            readable, _, _ = select.select([sock], [], [], 0.5)
+            if readable:
+                break
+            try:
+                sock.send(bytes([byte]))
+            except OSError:
+                break
+        sock.settimeout(5)
+        try:
+            heard[index] = sock.recv(4096)
+        except OSError:
+            heard[index] = b""
+
+    threads = [
+        threading.Thread(target=trickle, args=(i, s), daemon=True) for i, s in enumerate(squatters)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1.5)  # both are connected and trickling
+        token = Path(made.info["socket"]).with_suffix(".token").read_text().strip()
+        url = {"HYBRID_SERVER_URL": f"tcp://{made.info['tcp']}", "HYBRID_SERVER_TOKEN": token}
+        csv = b"a,b\n1,2\n"
+        started = time.monotonic()
+        remote = made.hybrid("check", "csv", "-", stdin=csv, timeout=45, **url)
+        local = made.hybrid("check", "csv", "-", stdin=csv, timeout=45)
+        assert time.monotonic() - started < 25  # not after the squatters (they take 100 s)
+        assert (remote.returncode, local.returncode) == (0, 0), remote.stderr + local.stderr
+        assert "running it here" not in remote.stderr  # the server ran it
+        assert (made.status() or {}).get("commands", 0) >= 2
+        for thread in threads:
+            thread.join(20)
+        # Cut off at the token deadline with one line, long before the trickle could finish.
+        assert all(b"no token within" in heard.get(i, b"") for i in range(2)), heard
+    finally:
+        stop.set()
+        for sock in squatters:
+            sock.close()
+        made.stop()
+
+
+@pytest.mark.parametrize("over", ["unix", "tcp"])
+def test_a_malformed_header_costs_only_its_connection(tmp_path: Path, over: str) -> None:
+    """200,000 '[' (deeper than the JSON parser goes), then a header that is no request: each
+    gets one error line and exit code 2; the one worker lives on and serves the next command."""
+    made = _fresh(tmp_path, "--idle", "120", "--pool-size", "0", "--workers", "1")
+    made.options += ("--max-workers", "1", *(("--tcp", "127.0.0.1:0") if over == "tcp" else ()))
+    made.start()
+    try:
+        before = _worker_pids(made)
+        for header in (b"[" * 200_000, b'{"op": "run", "argv": "py", "env": []}'):
+            if over == "tcp":
+                host, port = made.info["tcp"].rsplit(":", 1)
+                sock = socket.create_connection((host, int(port)), timeout=30)
+                token = Path(made.info["socket"]).with_suffix(".token").read_text().strip().encode()
+                sock.sendall(_frame(b"T", token))
+                assert sock.recv(5) == _frame(b"W", b"")
+            else:
+                sock = socket.socket(socket.AF_UNIX)
+                sock.settimeout(30)
+                sock.connect(wire.address(made.info["socket"]))
+            with sock:
+                sock.sendall(_frame(b"H", header))
+                reply = b""
+                while chunk := sock.recv(4096):
+                    reply += chunk
+            assert reply == _frame(b"E", b"hybrid: error: server: malformed request\n") + _frame(
+                b"X", b"2"
+            )
+        assert _worker_pids(made) == before
+        ok = made.hybrid("py", "eval", "print(42)")
+        assert (ok.returncode, ok.stdout) == (0, "42\n")
+    finally:
+        made.stop()
+
+
+def test_stop_works_while_every_worker_is_busy(tmp_path: Path) -> None:
+    made = _fresh(tmp_path, "--idle", "120", "--pool-size", "0", "--workers", "1")
+    made.options += ("--max-workers", "1")
+    made.start()
+    pids = made.pids()
+    # Longer than a client waits to connect (30 s): a stop that needs a worker never comes.
+    busy = subprocess.Popen(
+        [*CLIENT, "py", "eval", "--timeout", "90", "import time\ntime.sleep(45)"],
+        env=made.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: (made.status() or {}).get("busy") == 1, 30, "the worker to be busy")
+        started = time.monotonic()
+        done = made.hybrid("serve", "--stop", timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert time.monotonic() - started < 20
+        wait_for(lambda: all(gone(p) for p in pids), 60, "the server to exit")
+        busy.wait(30)  # its command ended with the server
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def _componentize_of(cache: Path) -> list[int]:
+    """Processes building the python-wasm guest into ``cache``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if b"componentize_py" not in (entry / "cmdline").read_bytes():
+                continue
+            if f"HYBRID_CACHE_DIR={cache}".encode() in (entry / "environ").read_bytes().split(
+                b"\0"
+            ):
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_a_server_stopped_while_warming_up_leaves_no_partial_build(tmp_path: Path) -> None:
+    """With an empty cache the workers build the python-wasm guest as they warm up; `--stop`
+    during the build ends it (and the build) and leaves no partial file in the cache."""
+    cache = tmp_path / "cache"
+    made = _fresh(tmp_path, "--idle", "120", "--pool-size", "0", "--workers", "1")
+    made.env["HYBRID_CACHE_DIR"] = str(cache)
+    daemon = subprocess.Popen(
+        [*CLIENT, "serve", "--quiet", "--pool-size", "0", "--workers", "1", "--idle", "120"],
+        env=made.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: _componentize_of(cache), 180, "the guest build to start")
+        done = made.hybrid("serve", "--stop", timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert daemon.wait(60) == 0
+        wait_for(lambda: not _componentize_of(cache), 30, "the guest build to stop")
+        left = [p.name for p in cache.rglob("*") if p.name.startswith(".build-")]
+        assert not left, left
+    finally:
+        if daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait()
+        for pid in _componentize_of(cache):
+            os.kill(pid, signal.SIGKILL)

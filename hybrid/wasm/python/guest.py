@@ -8,13 +8,16 @@ then compiles it once for this wasmtime (~10 s). Later processes load it in mill
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -101,6 +104,7 @@ def build(*, force: bool = False, progress: Progress | None = None) -> Path:
             return target  # another process built it while we waited
         if progress:
             progress("building the python-wasm guest with componentize-py (one time, ~20 s)")
+        _sweep(target.parent)
         _componentize(source_dir(), target)
         _prune(target)
     return target
@@ -138,8 +142,58 @@ def _compiled_path(key: str) -> Path | None:
 
 
 def _componentize(root: Path, target: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".wasm")
+    """Build the component into ``target``, which appears whole or not at all.
+
+    componentize-py writes into a file with no name yet (O_TMPFILE in the cache directory,
+    reached through /proc/self/fd): if the build fails or its process is killed (a server stopped
+    while its workers warm up), the kernel frees the file and nothing is left in the cache. Only a
+    finished build gets a name, and then the target's. Where the filesystem has no O_TMPFILE, a
+    named ``.build-<pid>-*`` file is used and removed on failure; one whose builder died is swept
+    by the next build."""
+    _componentize_version()
+    try:
+        fd = os.open(target.parent, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+    except OSError:
+        fd = -1
+    if fd < 0:
+        _componentize_named(root, target)
+        return
+    try:
+        _run_componentize(root, f"/proc/self/fd/{fd}", pass_fds=(fd,))
+        if not os.fstat(fd).st_size:
+            raise EngineUnavailable("building the python-wasm guest failed: an empty component")
+        os.fsync(fd)
+        named = target.with_name(f".build-{os.getpid()}-{os.urandom(4).hex()}.wasm")
+        _name(fd, named)
+        os.replace(named, target)
+    finally:
+        os.close(fd)
+
+
+def _name(fd: int, path: Path) -> None:
+    """Give the unnamed file ``fd`` the name ``path`` (linkat through /proc, following the link:
+    os.link without a directory descriptor calls link(2), which would link the /proc entry)."""
+    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), path, src_dir_fd=fds, follow_symlinks=True)
+    finally:
+        os.close(fds)
+
+
+def _componentize_named(root: Path, target: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".build-{os.getpid()}-", suffix=".wasm")
     os.close(fd)
+    try:
+        _run_componentize(root, tmp)
+        if not Path(tmp).stat().st_size:
+            raise EngineUnavailable("building the python-wasm guest failed: an empty component")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _run_componentize(root: Path, output: str, pass_fds: tuple[int, ...] = ()) -> None:
     command = [
         sys.executable,
         "-c",
@@ -154,9 +208,8 @@ def _componentize(root: Path, target: Path) -> None:
         "-p",
         str(root),
         "-o",
-        tmp,
+        output,
     ]
-    _componentize_version()
     try:
         proc = subprocess.run(
             command,
@@ -166,20 +219,50 @@ def _componentize(root: Path, target: Path) -> None:
             timeout=BUILD_TIMEOUT,
             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
             check=False,
+            pass_fds=pass_fds,
+            preexec_fn=_die_with_parent,  # a killed builder leaves no build running on
         )
-        if proc.returncode != 0 or not Path(tmp).stat().st_size:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-            raise EngineUnavailable(
-                f"building the python-wasm guest failed (componentize-py): {tail}"
-            )
-        os.replace(tmp, target)
     except subprocess.TimeoutExpired:
         raise EngineUnavailable(
             f"building the python-wasm guest took over {BUILD_TIMEOUT:.0f} s and was stopped"
         ) from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise EngineUnavailable(f"building the python-wasm guest failed (componentize-py): {tail}")
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _sweep(directory: Path) -> None:
+    """Remove named build files whose builder is gone (killed before it could remove them)."""
+    for left in directory.glob(".build-*.wasm"):
+        pid = left.name.split("-")[1]
+        if pid.isdigit():
+            if _alive(int(pid)):
+                continue
+        else:  # an older release's name, without the builder's pid
+            try:
+                if time.time() - left.stat().st_mtime < BUILD_TIMEOUT:
+                    continue
+            except FileNotFoundError:
+                continue
+        left.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _known_key(path: Path) -> str | None:

@@ -187,7 +187,7 @@ class DockerBackend:
                 if (
                     image_labels.get(LABEL_KIND) not in ("base", "snapshot", "deps")
                     or spec.workspace != "/workspace"
-                    or image_attrs.get("Config", {}).get("User") != self.user
+                    or _workspace_user(api, image_attrs) != self.user
                 ):
                     self._own_workspace(image, volume, spec)
                 host_config = self._host_config(spec, runtime, volume, labels[LABEL_NETWORK])
@@ -684,3 +684,21 @@ def _workspace_mount(target: str, volume: str) -> DockerMount:
     # concurrent gc), the engine re-creates it bound to the same capped mount, never a plain one.
     options = client().api.inspect_volume(volume).get("Options") or None
     return DockerMount(target, volume, type="volume", driver_config=DriverConfig("local", options))
+
+
+def _workspace_user(api: Any, image_attrs: dict[str, Any]) -> str | None:
+    """Whose ``/workspace`` an image of ours holds: its user's, but a dependency layer's is its
+    base image's (the layer builder never touches it), which may be built for other ids."""
+    from docker.errors import DockerException
+
+    from hybrid.deps.layers import KIND, LABEL_IMAGE
+
+    config = image_attrs.get("Config") or {}
+    labels = config.get("Labels") or {}
+    if labels.get(LABEL_KIND) == KIND and labels.get(LABEL_IMAGE):
+        try:
+            config = api.inspect_image(labels[LABEL_IMAGE]).get("Config") or {}
+        except DockerException:  # the base is gone: hand the workspace over to be sure
+            return None
+    user = config.get("User")
+    return user if isinstance(user, str) else None
