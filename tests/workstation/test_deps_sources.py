@@ -6,6 +6,8 @@ the workspace, answers importlib.metadata like an installed one."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -136,7 +138,7 @@ def test_a_lockfile_pin_that_only_has_a_source_is_built_inside(engine, tmp_path:
     (repo / "uv.lock").write_text(
         "version = 1\n\n"
         '[[package]]\nname = "docopt"\nversion = "0.6.2"\n'
-        'source = { registry = "https://pypi.org/simple" }\n'
+        f'source = {{ registry = "{_pip_index()}" }}\n'
         f'sdist = {{ url = "https://example.invalid/docopt-0.6.2.tar.gz", hash = "sha256:{digest}" }}\n'
         '\n[[package]]\nname = "locked-proj"\nversion = "1.0"\nsource = { editable = "." }\n'
     )
@@ -144,3 +146,14 @@ def test_a_lockfile_pin_that_only_has_a_source_is_built_inside(engine, tmp_path:
     assert "docopt-0.6.2.tar.gz" in {a.filename for a in manifest.artifacts}
     probe = "import docopt, locked_proj; print(docopt.__version__, locked_proj.VALUE)"
     assert _probe(engine, repo, probe) == ["0.6.2", "7"]
+
+
+def _pip_index() -> str:
+    """The index this machine's pip uses (its own configuration; no host written here)."""
+    code = (
+        "from pip._internal.commands import create_command\n"
+        "options, _ = create_command('download').parse_args([])\n"
+        "print(options.index_url)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
